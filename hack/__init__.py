@@ -1,0 +1,1 @@
+"""Development and test tooling: the local control plane, the fake Thunder service and fake host tools."""
