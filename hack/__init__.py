@@ -1,1 +1,1 @@
-"""Development and test tooling: the local control plane, the fake Thunder service and fake host tools."""
+"""Development and test tooling: local control plane, fake Thunder service, fake host tools."""

@@ -60,6 +60,7 @@ helm_version=$(awk '$1=="helm.sh/helm/v3"{print $2} $2=="helm.sh/helm/v3"{print 
   CGO_ENABLED=0 go build -trimpath -ldflags "$hl" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm
 )
 rm -rf "$bin"
+chmod 755 "$tmp"
 mv "$tmp" "$bin"
 trap - EXIT
 echo "built in $(( $(date +%s) - start ))s" >&2

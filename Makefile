@@ -1,0 +1,75 @@
+# thunder-device-plugin: every development task. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	@touch $@
+
+.PHONY: venv
+venv: $(STAMP) ## Create the virtual environment with pinned packages
+
+.PHONY: tools
+tools: ## Build (once, cached) etcd, kube-apiserver, scheduler, controller-manager, kubectl, helm
+	@hack/build-tools.sh >/dev/null
+
+.PHONY: lint
+lint: $(STAMP) ## ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+.PHONY: typecheck
+typecheck: $(STAMP) ## mypy --strict
+	$(VENV)/bin/mypy --strict thunder_dra hack tests $(wildcard bench/*.py)
+
+.PHONY: unit
+unit: $(STAMP) ## Unit tests only (no processes)
+	$(VENV)/bin/pytest -m unit -q $(PYTEST_ARGS)
+
+.PHONY: check
+check: lint typecheck unit ## Lint, type-check and unit tests
+
+.PHONY: test
+test: $(STAMP) tools ## Every test: unit, integration (local control plane) and end-to-end
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+.PHONY: cover
+cover: $(STAMP) tools ## Every test with a coverage report of thunder_dra
+	$(VENV)/bin/coverage run --source=thunder_dra -m pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/coverage report --skip-empty
+
+.PHONY: cluster-up
+cluster-up: $(STAMP) tools ## Start the local control plane in the background (VERSION=1.34 to emulate)
+	$(PY) -m hack.cluster up $(if $(VERSION),--emulated-version $(VERSION))
+	@echo 'use it with: eval "$$($(PY) -m hack.cluster env)"'
+
+.PHONY: cluster-down
+cluster-down: $(STAMP) ## Stop the local control plane started by cluster-up
+	$(PY) -m hack.cluster down
+
+.PHONY: demo
+demo: $(STAMP) tools ## Run the driver end to end on the local control plane and show it working
+	$(PY) -m hack.demo
+
+.PHONY: lock
+lock: ## Re-resolve the pinned package versions into constraints.txt
+	rm -rf .lock-venv && python3 -m venv .lock-venv
+	.lock-venv/bin/pip install -q -e '.[dev]'
+	{ echo "# Exact versions CI installs (pip install -c constraints.txt). Regenerate with: make lock"; \
+	  .lock-venv/bin/pip freeze --exclude-editable | grep -v '^-e'; } > constraints.txt
+	rm -rf .lock-venv
+
+.PHONY: clean
+clean: ## Remove the virtual environment and caches in the tree
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build dist *.egg-info
