@@ -1,0 +1,197 @@
+"""The prepared-claims checkpoint: round trip, corruption and version checks, set-aside."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from thunder_dra import fsutil
+from thunder_dra.plugin import checkpoint as ck
+
+
+def _claim(uid: str = "uid-1", **overrides: object) -> ck.PreparedClaim:
+    values: dict[str, object] = {
+        "uid": uid,
+        "namespace": "team-a",
+        "name": f"claim-{uid}",
+        "consumer": ck.Consumer(kind="pod", name="trainer-0"),
+        "zone_name": "us-east",
+        "zone_id": "zone-123",
+        "gpu_type": "A6000",
+        "gpu_count": 2,
+        "enrollment_token_id": "etok-1",
+        "client_id": "client-1",
+        "devices": (
+            ck.PreparedDevice(
+                pool_name="us-east/a6000",
+                device_name="a6000-0",
+                request_names=("gpu",),
+                cdi_device_ids=(f"thundercompute.com/gpu=claim-{uid}",),
+            ),
+        ),
+        "paths": (f"/var/lib/kubelet/plugins/thundercompute.com/claims/{uid}",),
+        "state": ck.ClaimState.PREPARED,
+    }
+    values.update(overrides)
+    return ck.PreparedClaim(**values)
+
+
+async def test_round_trip(tmp_path: Path) -> None:
+    store = ck.CheckpointStore(tmp_path / "state")
+    await store.put(_claim("uid-1"))
+    await store.put(_claim("uid-2", consumer=ck.Consumer(kind="vm", name="vm-a")))
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(store.path.parent.stat().st_mode) == 0o700
+
+    reloaded = ck.CheckpointStore(tmp_path / "state")
+    loaded = await reloaded.load()
+    assert loaded == store.current
+    assert sorted(loaded.claims) == ["uid-1", "uid-2"]
+    assert loaded.claims["uid-2"].consumer.kind == "vm"
+    assert reloaded.current == loaded
+
+
+async def test_file_format_is_versioned_and_checksummed(tmp_path: Path) -> None:
+    store = ck.CheckpointStore(tmp_path)
+    await store.put(_claim())
+    document = json.loads(store.path.read_text())
+    assert set(document) == {"version", "checksum", "payload"}
+    assert document["version"] == ck.CHECKPOINT_VERSION
+    canonical = json.dumps(document["payload"], sort_keys=True, separators=(",", ":")).encode()
+    assert document["checksum"] == hashlib.sha256(canonical).hexdigest()
+    claim = document["payload"]["claims"]["uid-1"]
+    assert claim["gpuType"] == "A6000"
+    assert claim["enrollmentTokenId"] == "etok-1"
+    assert claim["devices"][0]["cdiDeviceIds"] == ["thundercompute.com/gpu=claim-uid-1"]
+
+
+async def test_missing_file_is_an_empty_checkpoint(tmp_path: Path) -> None:
+    assert await ck.CheckpointStore(tmp_path).load() == ck.Checkpoint()
+
+
+def _rewrite(path: Path, edit: object) -> None:
+    document = json.loads(path.read_text())
+    edit(document)  # type: ignore[operator]
+    path.write_text(json.dumps(document))
+
+
+async def test_edited_payload_is_detected(tmp_path: Path) -> None:
+    store = ck.CheckpointStore(tmp_path)
+    await store.put(_claim())
+
+    def edit(document: dict[str, object]) -> None:
+        document["payload"]["claims"]["uid-1"]["gpuCount"] = 8  # type: ignore[index]
+
+    _rewrite(store.path, edit)
+    with pytest.raises(ck.CheckpointCorruptError, match="checksum mismatch") as info:
+        await ck.CheckpointStore(tmp_path).load()
+    assert str(store.path) in str(info.value)
+
+
+async def test_truncated_file_is_detected(tmp_path: Path) -> None:
+    store = ck.CheckpointStore(tmp_path)
+    await store.put(_claim())
+    store.path.write_bytes(store.path.read_bytes()[:40])
+    with pytest.raises(ck.CheckpointCorruptError, match="not valid JSON"):
+        await ck.CheckpointStore(tmp_path).load()
+
+
+async def test_schema_violation_with_a_valid_checksum_is_detected(tmp_path: Path) -> None:
+    payload = {"claims": {"uid-1": {"uid": "uid-1", "enrollmentToken": "secret"}}}
+    document = {"version": 1, "checksum": ck.payload_checksum(payload), "payload": payload}
+    path = tmp_path / ck.CHECKPOINT_FILE_NAME
+    path.write_text(json.dumps(document))
+    with pytest.raises(ck.CheckpointCorruptError, match="schema"):
+        await ck.CheckpointStore(tmp_path).load()
+
+
+async def test_version_mismatch(tmp_path: Path) -> None:
+    store = ck.CheckpointStore(tmp_path)
+    await store.put(_claim())
+    _rewrite(store.path, lambda d: d.__setitem__("version", 2))
+    with pytest.raises(ck.CheckpointVersionError, match="format version 2"):
+        await ck.CheckpointStore(tmp_path).load()
+    # An intact file of another version is not set aside: the caller must decide.
+    with pytest.raises(ck.CheckpointVersionError):
+        await ck.CheckpointStore(tmp_path).load_or_set_aside()
+    assert store.path.exists()
+
+
+async def test_corrupt_checkpoint_is_set_aside_not_dropped(tmp_path: Path) -> None:
+    store = ck.CheckpointStore(tmp_path)
+    await store.put(_claim())
+    store.path.write_text("{broken")
+    fresh = ck.CheckpointStore(tmp_path)
+    loaded, moved = await fresh.load_or_set_aside()
+    assert loaded == ck.Checkpoint()
+    assert moved is not None
+    assert moved.read_text() == "{broken"
+    assert moved.name.startswith("checkpoint.json.corrupt-")
+    assert not store.path.exists()
+    await fresh.put(_claim("uid-9"))
+    assert sorted((await ck.CheckpointStore(tmp_path).load()).claims) == ["uid-9"]
+
+
+async def test_drop(tmp_path: Path) -> None:
+    store = ck.CheckpointStore(tmp_path)
+    await store.put(_claim("uid-1"))
+    await store.put(_claim("uid-2"))
+    await store.drop("uid-1")
+    await store.drop("never-there")
+    assert sorted((await ck.CheckpointStore(tmp_path).load()).claims) == ["uid-2"]
+
+
+async def test_concurrent_updates_are_all_kept(tmp_path: Path) -> None:
+    store = ck.CheckpointStore(tmp_path)
+    await asyncio.gather(*(store.put(_claim(f"uid-{i}")) for i in range(20)))
+    assert len((await ck.CheckpointStore(tmp_path).load()).claims) == 20
+
+
+def test_no_field_can_hold_a_token() -> None:
+    data = _claim().model_dump(by_alias=True)
+    data["enrollmentToken"] = "tr_secret"
+    with pytest.raises(ValidationError):
+        ck.PreparedClaim.model_validate(data)
+    fields = {name.lower() for name in ck.PreparedClaim.model_fields}
+    assert {f for f in fields if "token" in f} == {"enrollment_token_id"}
+
+
+async def test_concurrent_updates_share_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes = 0
+    real = fsutil.write_atomic
+
+    def counting(path: Path, data: bytes | str, *, mode: int = 0o644) -> None:
+        nonlocal writes
+        writes += 1
+        real(path, data, mode=mode)
+
+    monkeypatch.setattr(fsutil, "write_atomic", counting)
+    store = ck.CheckpointStore(tmp_path)
+    await asyncio.gather(*(store.put(_claim(f"uid-{i}")) for i in range(20)))
+    assert writes <= 3
+    assert len((await ck.CheckpointStore(tmp_path).load()).claims) == 20
+
+
+async def test_a_failed_write_is_reported_and_persisted_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ck.CheckpointStore(tmp_path)
+    real = fsutil.write_atomic
+
+    def full(path: Path, data: bytes | str, *, mode: int = 0o644) -> None:
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(fsutil, "write_atomic", full)
+    with pytest.raises(OSError, match="no space"):
+        await store.put(_claim("uid-1"))
+    monkeypatch.setattr(fsutil, "write_atomic", real)
+    await store.put(_claim("uid-2"))
+    assert sorted((await ck.CheckpointStore(tmp_path).load()).claims) == ["uid-1", "uid-2"]

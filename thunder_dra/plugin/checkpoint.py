@@ -1,0 +1,239 @@
+"""The checkpoint of prepared claims: what this node prepared, so it can be rebuilt.
+
+Stored as one JSON file ``{"version": N, "checksum": "<sha256 hex>", "payload": {...}}``.
+The checksum is the SHA-256 of the canonical payload (keys sorted, no whitespace, UTF-8),
+so a truncated or edited file is detected instead of half-trusted. Writes are atomic.
+
+Recovery policy, left to the caller: a checkpoint that fails to load is never silently
+dropped. :meth:`CheckpointStore.load_or_set_aside` moves the bad file aside (kept for
+inspection as ``<name>.corrupt-<time>``) and starts empty; the daemon then rebuilds its
+view from what else survives (mint journal, Client resources, CDI spec files).
+
+A checkpoint holds identifiers only (enrollment token ID, client ID), never a token:
+the models have no field that could hold one and reject unknown fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from thunder_dra import fsutil
+
+CHECKPOINT_VERSION = 1
+CHECKPOINT_FILE_NAME = "checkpoint.json"
+
+
+class CheckpointError(Exception):
+    """The checkpoint file cannot be used; the message names the file and the problem."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"checkpoint {path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class CheckpointCorruptError(CheckpointError):
+    """Unreadable JSON, a wrong checksum, or a payload that does not match the schema."""
+
+
+class CheckpointVersionError(CheckpointError):
+    """Written by a daemon with another checkpoint format version."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class ClaimState(StrEnum):
+    PREPARING = "preparing"
+    PREPARED = "prepared"
+    UNPREPARING = "unpreparing"
+
+
+class Consumer(_Model):
+    """Who uses the claim: a pod, or a KubeVirt VM (through its virt-launcher pod)."""
+
+    kind: Literal["pod", "vm"]
+    name: str
+
+
+class PreparedDevice(_Model):
+    """A device as returned to the kubelet in NodePrepareResourceResponse."""
+
+    pool_name: str
+    device_name: str
+    request_names: tuple[str, ...] = ()
+    cdi_device_ids: tuple[str, ...] = ()
+
+
+class PreparedClaim(_Model):
+    uid: str = Field(min_length=1)
+    namespace: str
+    name: str
+    consumer: Consumer
+    zone_name: str
+    zone_id: str
+    gpu_type: str  # as Thunder spells it
+    gpu_count: int = Field(gt=0)
+    enrollment_token_id: str | None = None
+    client_id: str | None = None
+    secret_name: str | None = None  # the VM's <claim>-thunder-setup Secret
+    devices: tuple[PreparedDevice, ...] = ()
+    paths: tuple[str, ...] = ()  # files and directories this claim wrote on the node
+    state: ClaimState = ClaimState.PREPARING
+
+
+class Checkpoint(_Model):
+    """The payload: prepared claims by UID."""
+
+    claims: dict[str, PreparedClaim] = Field(default_factory=dict)
+
+    def with_claim(self, claim: PreparedClaim) -> Checkpoint:
+        return Checkpoint(claims={**self.claims, claim.uid: claim})
+
+    def without_claim(self, uid: str) -> Checkpoint:
+        return Checkpoint(claims={k: v for k, v in self.claims.items() if k != uid})
+
+
+def _canonical(payload: Any) -> bytes:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def payload_checksum(payload: Any) -> str:
+    """SHA-256 hex of the canonical JSON form of a decoded payload."""
+    return hashlib.sha256(_canonical(payload)).hexdigest()
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """The file content for ``checkpoint``."""
+    payload = checkpoint.model_dump(mode="json", by_alias=True)
+    document = {
+        "version": CHECKPOINT_VERSION,
+        "checksum": payload_checksum(payload),
+        "payload": payload,
+    }
+    return (json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def decode_checkpoint(data: bytes, path: Path) -> Checkpoint:
+    """Parse and verify file content; raises a :class:`CheckpointError` naming ``path``."""
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointCorruptError(path, f"not valid JSON ({err})") from err
+    if not isinstance(document, dict) or set(document) != {"version", "checksum", "payload"}:
+        raise CheckpointCorruptError(path, "expected exactly the keys version, checksum, payload")
+    version = document["version"]
+    if version != CHECKPOINT_VERSION:
+        raise CheckpointVersionError(
+            path, f"format version {version!r}, this daemon reads {CHECKPOINT_VERSION}"
+        )
+    actual = payload_checksum(document["payload"])
+    if document["checksum"] != actual:
+        raise CheckpointCorruptError(
+            path, f"checksum mismatch (stored {document['checksum']!r}, computed {actual!r})"
+        )
+    try:
+        return Checkpoint.model_validate(document["payload"])
+    except ValidationError as err:
+        raise CheckpointCorruptError(path, f"payload does not match the schema: {err}") from err
+
+
+class CheckpointStore:
+    """The checkpoint file plus its in-memory copy.
+
+    Call :meth:`load` (or :meth:`load_or_set_aside`) once at start-up, then
+    :meth:`put` / :meth:`drop` as claims are prepared and unprepared. Each returns once
+    the change is on disk. Concurrent changes share writes (group commit): a change made
+    while a write is in flight is persisted by the next write, together with every other
+    change made meanwhile, so twenty claims prepared at once cost two fsync'ed writes, not
+    twenty. If a write fails the caller sees the error; the change stays in memory and
+    the next successful write persists it (an extra entry is cleaned up by unprepare,
+    a missing one would leak).
+    """
+
+    def __init__(self, directory: Path, file_name: str = CHECKPOINT_FILE_NAME) -> None:
+        self.path = directory / file_name
+        self._current = Checkpoint()
+        self._lock = asyncio.Lock()
+        self._changes = 0  # mutations of _current so far
+        self._persisted = 0  # value of _changes that the file reflects
+
+    @property
+    def current(self) -> Checkpoint:
+        return self._current
+
+    async def load(self) -> Checkpoint:
+        """Read and verify the file; a missing file is an empty checkpoint."""
+        try:
+            data = await fsutil.read_bytes_async(self.path)
+        except FileNotFoundError:
+            checkpoint = Checkpoint()
+        else:
+            checkpoint = decode_checkpoint(data, self.path)
+        self._current = checkpoint
+        self._persisted = self._changes
+        return checkpoint
+
+    async def load_or_set_aside(self) -> tuple[Checkpoint, Path | None]:
+        """:meth:`load`; on a corrupt file move it aside and start empty.
+
+        Returns the checkpoint and, if the file was set aside, its new path (the caller
+        logs it and rebuilds from other state). A :class:`CheckpointVersionError` is
+        raised, not set aside: the file is intact, and a daemon of the matching version
+        (after a rollback, say) can still use it.
+        """
+        try:
+            return await self.load(), None
+        except CheckpointCorruptError:
+            moved = await fsutil.move_aside_async(self.path)
+            self._current = Checkpoint()
+            return self._current, moved
+
+    async def save(self, checkpoint: Checkpoint) -> None:
+        """Replace the whole checkpoint."""
+        self._mutate(checkpoint)
+        await self._flush()
+
+    async def put(self, claim: PreparedClaim) -> Checkpoint:
+        """Add or replace one claim and persist."""
+        self._mutate(self._current.with_claim(claim))
+        await self._flush()
+        return self._current
+
+    async def drop(self, uid: str) -> Checkpoint:
+        """Remove one claim (absent is fine) and persist."""
+        if uid in self._current.claims:
+            self._mutate(self._current.without_claim(uid))
+            await self._flush()
+        return self._current
+
+    def _mutate(self, checkpoint: Checkpoint) -> None:
+        # No await between reading and replacing _current: atomic on the event loop.
+        self._current = checkpoint
+        self._changes += 1
+
+    async def _flush(self) -> None:
+        wanted = self._changes
+        async with self._lock:
+            if self._persisted >= wanted:
+                return  # a write that started after our change already covered it
+            snapshot, covers = self._current, self._changes
+            await asyncio.to_thread(self._write_sync, encode_checkpoint(snapshot))
+            self._persisted = max(self._persisted, covers)
+
+    def _write_sync(self, content: bytes) -> None:
+        if not self.path.parent.is_dir():
+            # Only a missing directory gets a mode: it may be the shared plugin directory.
+            fsutil.ensure_dir(self.path.parent, 0o700)
+        fsutil.write_atomic(self.path, content, mode=0o600)
