@@ -1,0 +1,107 @@
+"""Kubernetes pod-spec shapes the ThunderCluster uses to describe the daemon's pods.
+
+Typed subsets of the core API (only what a node daemon needs), so the CRD schema
+stays structural without `x-kubernetes-preserve-unknown-fields`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from thunder_dra.api.base import ApiModel, DnsSubdomain, LabelValue, QualifiedName, Quantity
+
+DEFAULT_IMAGE_REPOSITORY = "ghcr.io/thunder-compute/thunder-device-plugin"
+
+
+class ImageSpec(ApiModel):
+    """The container image the daemon runs."""
+
+    repository: Annotated[
+        str, Field(min_length=1, max_length=255, pattern=r"^[a-z0-9]([-a-z0-9._/:]*[a-z0-9])?$")
+    ] = DEFAULT_IMAGE_REPOSITORY
+    """Image repository, without tag or digest."""
+    tag: Annotated[str, Field(max_length=128, pattern=r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)?$")] = ""
+    """Image tag; empty means the operator's own version, so both always match."""
+    digest: Annotated[str, Field(max_length=135, pattern=r"^(sha256:[a-f0-9]{64})?$")] = ""
+    """Optional sha256 digest; when set it pins the image and the tag is informative only."""
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """When the kubelet pulls the image."""
+
+
+class LocalObjectReference(ApiModel):
+    """A reference to an object in the operator's namespace, by name."""
+
+    name: DnsSubdomain
+    """Name of the object (for imagePullSecrets, a kubernetes.io/dockerconfigjson Secret)."""
+
+
+class Toleration(ApiModel):
+    """A pod toleration, as in the core API."""
+
+    key: QualifiedName | None = None
+    """Taint key to tolerate; empty with operator Exists tolerates every taint."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """Exists matches any value; Equal matches `value`."""
+    value: LabelValue | None = None
+    """Taint value to match with operator Equal."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; empty matches all effects."""
+    toleration_seconds: int | None = None
+    """For NoExecute: how long the pod stays bound after the taint appears; empty is forever."""
+
+
+class ResourceRequirements(ApiModel):
+    """CPU and memory requests and limits of the daemon container."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    """Minimum resources the scheduler reserves, e.g. cpu: 50m, memory: 64Mi."""
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+    """Maximum resources the container may use."""
+
+
+class EnvVar(ApiModel):
+    """A plain environment variable added to the daemon container."""
+
+    name: Annotated[
+        str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    ]
+    """Variable name. THUNDER_API_TOKEN is refused: the token comes from the Secret only."""
+    value: Annotated[str, Field(max_length=32768)] = ""
+    """Variable value."""
+
+    @model_validator(mode="after")
+    def _no_token(self) -> Self:
+        if self.name == "THUNDER_API_TOKEN":
+            raise PydanticCustomError(
+                "reserved_env",
+                "THUNDER_API_TOKEN must not be set here; it is read from the Secret "
+                "named by spec.thunder.secretName",
+            )
+        return self
+
+
+class PortRange(ApiModel):
+    """An inclusive range of host ports; the defaults are thunderd's own."""
+
+    start: Annotated[int, Field(ge=1024, le=65535)] = 32000
+    """First port of the range."""
+    end: Annotated[int, Field(ge=1024, le=65535)] = 32199
+    """Last port of the range (inclusive)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        # thunderd binds a data and a control port per attached client.
+        if self.end - self.start + 1 < 2:
+            raise PydanticCustomError(
+                "port_range",
+                "must hold at least 2 ports with end >= start, got {start}-{end}",
+                {"start": self.start, "end": self.end},
+            )
+        return self
+
+    def __str__(self) -> str:
+        """The `start-end` form thunderd's installer takes."""
+        return f"{self.start}-{self.end}"

@@ -1,0 +1,338 @@
+"""Decide the writes that bring published objects to the desired state, and no others.
+
+An operator restart or a pass where nothing changed must make zero writes, so an
+existing object is compared with the desired one only on what this operator owns:
+
+- metadata: the label and annotation keys it sets, and its owner reference; labels,
+  annotations, finalizers and owners added by others are left alone (and kept on
+  update);
+- spec: the ResourceSlice fields `driver`, `pool`, `nodeName`, `nodeSelector`,
+  `allNodes`, `perDeviceNodeSelection`, `sharedCounters`, `devices`; the
+  DeviceClass fields `selectors`, `config`, `extendedResourceName`. Fields outside
+  these (new API fields an API server may default) are ignored, so a newer server
+  never causes a write per pass;
+- null, "", false, [] and {} count as absent on both sides, because the API server
+  omits or fills in empty values (e.g. `matchFields: []`), which mean the same.
+
+Server-set metadata (resourceVersion, uid, creationTimestamp, managedFields,
+generation) is never compared.
+
+Pools: when every slice of a pool matches, nothing is written and the pool keeps its
+generation. When any differs, the pool's generation goes up by one (from the highest
+existing) and every slice of the pool is written with it, since consumers only use
+slices of a pool's newest generation. A slice whose driver differs (immutable) or that
+carries a nodeName is replaced. Pools and classes missing from the desired state are
+deleted, except when the caller says inventory is unavailable (nothing is deleted) or
+names zones it could not read (their pools, and the classes they use, are kept).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from thunder_dra.controllers.deviceclasses import DesiredDeviceClass, is_thunder_device_class
+from thunder_dra.controllers.slices import DesiredPool, is_inventory_slice
+from thunder_dra.kube import naming
+
+SLICE_SPEC_KEYS: Final = (
+    "driver",
+    "pool",
+    "nodeName",
+    "nodeSelector",
+    "allNodes",
+    "perDeviceNodeSelection",
+    "sharedCounters",
+    "devices",
+)
+CLASS_SPEC_KEYS: Final = ("selectors", "config", "extendedResourceName")
+FIRST_GENERATION: Final = 1
+
+Kind = Literal["ResourceSlice", "DeviceClass"]
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    kind: Kind
+    name: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """Replace (PUT) with `body`, which carries the existing resourceVersion."""
+
+    kind: Kind
+    name: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """Delete the existing object (an immutable field changed), then create `body`."""
+
+    kind: Kind
+    name: str
+    resource_version: str | None
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    kind: Kind
+    name: str
+    resource_version: str | None
+
+
+Action = Create | Update | Replace | Delete
+
+
+@dataclass(frozen=True, slots=True)
+class SlicePlan:
+    actions: tuple[Action, ...]
+    generations: Mapping[str, int]
+    """Generation of every desired pool after the plan is applied."""
+    changed_pools: frozenset[str]
+    kept_pools: frozenset[str] = frozenset()
+    """Existing pools left untouched because their zone could not be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryPlan:
+    slices: SlicePlan
+    class_actions: tuple[Action, ...]
+
+    def ordered(self) -> list[Action]:
+        """Apply in this order: a class exists before its devices, and outlives them."""
+        slice_deletes = [a for a in self.slices.actions if isinstance(a, Delete)]
+        class_deletes = [a for a in self.class_actions if isinstance(a, Delete)]
+        return [
+            *(a for a in self.class_actions if not isinstance(a, Delete)),
+            *(a for a in self.slices.actions if not isinstance(a, Delete)),
+            *slice_deletes,
+            *class_deletes,
+        ]
+
+    @property
+    def empty(self) -> bool:
+        return not self.slices.actions and not self.class_actions
+
+
+def prune(value: Any) -> Any:
+    """`value` with null, "", false, [] and {} removed from every mapping, recursively."""
+    if isinstance(value, Mapping):
+        pruned = {key: prune(item) for key, item in value.items()}
+        return {key: item for key, item in pruned.items() if not _is_empty(item)}
+    if isinstance(value, list | tuple):
+        return [prune(item) for item in value]
+    return value
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or value is False or (isinstance(value, str | list | dict) and not value)
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def owned_view(
+    obj: Mapping[str, Any], desired: Mapping[str, Any], spec_keys: Sequence[str]
+) -> dict[str, Any]:
+    """The parts of `obj` that the operator owns, shaped by the `desired` body."""
+    want = _meta(desired)
+    have = _meta(obj)
+    have_labels, have_annotations = have.get("labels") or {}, have.get("annotations") or {}
+    owner_uids = {ref["uid"] for ref in want.get("ownerReferences") or ()}
+    spec = obj.get("spec") or {}
+    view: dict[str, Any] = prune(
+        {
+            "labels": {key: have_labels.get(key) for key in want.get("labels") or {}},
+            "annotations": {
+                key: have_annotations.get(key) for key in want.get("annotations") or {}
+            },
+            "owners": [
+                {k: ref.get(k) for k in ("apiVersion", "kind", "name", "uid", "controller")}
+                for ref in have.get("ownerReferences") or ()
+                if ref.get("uid") in owner_uids
+            ],
+            "spec": {key: spec.get(key) for key in spec_keys},
+        }
+    )
+    return view
+
+
+def matches(
+    existing: Mapping[str, Any], desired: Mapping[str, Any], spec_keys: Sequence[str]
+) -> bool:
+    """Whether `existing` already has everything of `desired` that the operator owns."""
+    return owned_view(existing, desired, spec_keys) == owned_view(desired, desired, spec_keys)
+
+
+def update_body(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """`desired` merged onto `existing`'s metadata, keeping what others put there."""
+    have, want = dict(_meta(existing)), _meta(desired)
+    have.pop("managedFields", None)
+    wanted_owners = list(want.get("ownerReferences") or ())
+    owner_uids = {ref["uid"] for ref in wanted_owners}
+    takes_control = any(ref.get("controller") for ref in wanted_owners)
+    # Only one owner may be the controller; an old one (a ThunderCluster deleted and
+    # created again) gives way to ours.
+    owners = [
+        ref
+        for ref in have.get("ownerReferences") or ()
+        if ref.get("uid") not in owner_uids and not (takes_control and ref.get("controller"))
+    ]
+    metadata = {
+        **have,
+        "labels": {**(have.get("labels") or {}), **(want.get("labels") or {})},
+        "annotations": {**(have.get("annotations") or {}), **(want.get("annotations") or {})},
+    }
+    if owners or wanted_owners:
+        metadata["ownerReferences"] = owners + wanted_owners
+    return {**desired, "metadata": metadata}
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+
+
+def _needs_replace(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    spec = existing.get("spec") or {}
+    return spec.get("driver") != desired["spec"]["driver"] or bool(spec.get("nodeName"))
+
+
+def _zone_of(obj: Mapping[str, Any]) -> str | None:
+    meta = _meta(obj)
+    zone = (meta.get("annotations") or {}).get(naming.ANNOTATION_ZONE)
+    return zone if zone is not None else (meta.get("labels") or {}).get(naming.LABEL_ZONE)
+
+
+def _pool_actions(
+    pool: DesiredPool, existing: Sequence[Mapping[str, Any]]
+) -> tuple[int, list[Action]]:
+    by_name = {_meta(obj)["name"]: obj for obj in existing}
+    current = max((_generation(obj) for obj in existing), default=0)
+    unchanged = len(by_name) == len(pool.slices) and all(
+        piece.name in by_name
+        and _generation(by_name[piece.name]) == current
+        and matches(by_name[piece.name], pool.manifest(piece, current), SLICE_SPEC_KEYS)
+        for piece in pool.slices
+    )
+    if unchanged and existing:
+        return current, []
+    generation = max(current + 1, FIRST_GENERATION)
+    actions: list[Action] = []
+    for piece in pool.slices:
+        body = pool.manifest(piece, generation)
+        old = by_name.pop(piece.name, None)
+        if old is None:
+            actions.append(Create("ResourceSlice", piece.name, body))
+        elif _needs_replace(old, body):
+            actions.append(
+                Replace("ResourceSlice", piece.name, _meta(old).get("resourceVersion"), body)
+            )
+        else:
+            actions.append(Update("ResourceSlice", piece.name, update_body(old, body)))
+    for name, old in sorted(by_name.items()):
+        actions.append(Delete("ResourceSlice", name, _meta(old).get("resourceVersion")))
+    return generation, actions
+
+
+def plan_resource_slices(
+    desired: Iterable[DesiredPool],
+    existing: Iterable[Mapping[str, Any]],
+    *,
+    inventory_available: bool = True,
+    unavailable_zones: Collection[str] = (),
+) -> SlicePlan:
+    """The slice writes for `desired` given the listed ResourceSlices `existing`."""
+    by_pool: defaultdict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for obj in existing:
+        if is_inventory_slice(obj):
+            pool = ((obj.get("spec") or {}).get("pool") or {}).get("name", "")
+            by_pool[str(pool)].append(obj)
+    actions: list[Action] = []
+    generations: dict[str, int] = {}
+    changed: set[str] = set()
+    for pool in desired:
+        generation, pool_actions = _pool_actions(pool, by_pool.pop(pool.name, []))
+        generations[pool.name] = generation
+        if pool_actions:
+            changed.add(pool.name)
+            actions += pool_actions
+    kept: set[str] = set()
+    for pool_name, objs in sorted(by_pool.items()):
+        if not inventory_available or any(_zone_of(o) in unavailable_zones for o in objs):
+            kept.add(pool_name)
+            continue
+        changed.add(pool_name)
+        for obj in sorted(objs, key=lambda o: str(_meta(o).get("name"))):
+            actions.append(
+                Delete("ResourceSlice", _meta(obj)["name"], _meta(obj).get("resourceVersion"))
+            )
+    return SlicePlan(tuple(actions), generations, frozenset(changed), frozenset(kept))
+
+
+def plan_device_classes(
+    desired: Iterable[DesiredDeviceClass],
+    existing: Iterable[Mapping[str, Any]],
+    *,
+    inventory_available: bool = True,
+    keep_type_labels: Collection[str] = (),
+    extended_resource_supported: bool = True,
+) -> tuple[Action, ...]:
+    """The DeviceClass writes for `desired` given the listed DeviceClasses `existing`.
+
+    With `extended_resource_supported=False` (the API server drops the field) classes
+    are written and compared without extendedResourceName, so they do not churn.
+    """
+    by_name = {_meta(o)["name"]: o for o in existing if is_thunder_device_class(o)}
+    actions: list[Action] = []
+    for wanted in desired:
+        body = wanted.manifest(with_extended_resource=extended_resource_supported)
+        old = by_name.pop(wanted.name, None)
+        if old is None:
+            actions.append(Create("DeviceClass", wanted.name, body))
+        elif not matches(old, body, CLASS_SPEC_KEYS):
+            actions.append(Update("DeviceClass", wanted.name, update_body(old, body)))
+    for name, old in sorted(by_name.items()):
+        label = (_meta(old).get("labels") or {}).get(naming.LABEL_GPU_TYPE)
+        if inventory_available and label not in keep_type_labels:
+            actions.append(Delete("DeviceClass", name, _meta(old).get("resourceVersion")))
+    return tuple(actions)
+
+
+def plan_inventory(
+    pools: Sequence[DesiredPool],
+    classes: Sequence[DesiredDeviceClass],
+    existing_slices: Sequence[Mapping[str, Any]],
+    existing_classes: Sequence[Mapping[str, Any]],
+    *,
+    inventory_available: bool = True,
+    unavailable_zones: Collection[str] = (),
+    extended_resource_supported: bool = True,
+) -> InventoryPlan:
+    """Slices and classes together; classes used by kept pools are kept as well."""
+    slice_plan = plan_resource_slices(
+        pools,
+        existing_slices,
+        inventory_available=inventory_available,
+        unavailable_zones=unavailable_zones,
+    )
+    kept_labels = {
+        (_meta(obj).get("labels") or {}).get(naming.LABEL_GPU_TYPE)
+        for obj in existing_slices
+        if is_inventory_slice(obj)
+        and ((obj.get("spec") or {}).get("pool") or {}).get("name") in slice_plan.kept_pools
+    }
+    class_actions = plan_device_classes(
+        classes,
+        existing_classes,
+        inventory_available=inventory_available,
+        keep_type_labels={label for label in kept_labels if label},
+        extended_resource_supported=extended_resource_supported,
+    )
+    return InventoryPlan(slice_plan, class_actions)

@@ -1,0 +1,329 @@
+"""The ResourceSlices that publish the pools (architecture: ResourceSlices).
+
+One pool per zone display name and GPU model, named `<zone label>/<type label>`,
+one device `<type label>-<n>` per published GPU, split into slices of at most 128
+devices (the v1 limit; 64 applies only to devices with taints, counters or list
+attributes, which these have none of).
+
+Node selection: one node-selector term that requires the node's
+`topology.kubernetes.io/zone` to be the zone's display name AND every label of the
+daemon DaemonSet's own nodeSelector. The daemon's pods run exactly where that
+selector matches (it tolerates every taint by default), so a pod can only be
+scheduled where a kubelet plugin can prepare its claim, with no extra node labels
+for anyone to write or clean up. Zones whose display name is not a valid label value
+cannot be carried by any node, so they are skipped and reported.
+
+Devices carry `thundercompute.com/gpu_type` (Thunder's spelling, omitted if it
+exceeds the 64-character attribute limit), `thundercompute.com/gpu_type_label` (the
+DNS label DeviceClass selectors match, so they never depend on case rules in CEL)
+and `thundercompute.com/zone`.
+
+Device indices are stable: the devices currently published keep their names;
+growing fills the lowest unused indices; shrinking removes the highest indices not
+allocated to a claim, so an allocated device is never withdrawn (a pool may then
+stay above its target until those claims end). Generations are the diff's concern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Final
+
+from thunder_dra.api import syntax
+from thunder_dra.api.thundercluster import PoolStatus, ThunderClusterSpec
+from thunder_dra.controllers.capacity import PoolCapacity, format_target
+from thunder_dra.kube import naming
+
+MAX_DEVICES_PER_SLICE: Final = 128
+RESOURCE_API_VERSION: Final = "resource.k8s.io/v1"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerReference:
+    """The ThunderCluster that owns published objects, so deleting it cleans them up."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryConfig:
+    """The ThunderCluster settings that shape published objects."""
+
+    driver_name: str = naming.DRIVER_NAME
+    device_class_prefix: str = "thunder-gpu-"
+    extended_resource_prefix: str = f"{naming.DRIVER_NAME}/gpu-"
+    daemon_node_selector: Mapping[str, str] = field(
+        default_factory=lambda: {"kubernetes.io/os": "linux"}
+    )
+    owner: OwnerReference | None = None
+    max_devices_per_slice: int = MAX_DEVICES_PER_SLICE
+
+    @classmethod
+    def from_spec(
+        cls, spec: ThunderClusterSpec, owner: OwnerReference | None = None
+    ) -> InventoryConfig:
+        return cls(
+            driver_name=spec.operator.driver_name,
+            device_class_prefix=spec.operator.device_class_prefix,
+            extended_resource_prefix=spec.operator.extended_resource_prefix,
+            daemon_node_selector=dict(spec.daemon.node_selector),
+            owner=owner,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredSlice:
+    name: str
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredPool:
+    """Everything published for one pool, short of the generation."""
+
+    name: str
+    zone_name: str
+    zone_label: str
+    model: str
+    type_label: str
+    target: Decimal
+    physical: int
+    live_client_gpus: int
+    driver_name: str
+    node_selector: tuple[tuple[str, str], ...]
+    owner: OwnerReference | None
+    slices: tuple[DesiredSlice, ...]
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(name for piece in self.slices for name in piece.devices)
+
+    def status(self) -> PoolStatus:
+        """The pool's figures for ThunderCluster status; `published` counts devices kept
+        for allocated claims too."""
+        return PoolStatus(
+            zone=self.zone_name,
+            model=self.model,
+            pool=self.name,
+            physical=self.physical,
+            target=format_target(self.target),
+            published=len(self.devices),
+            live_clients=self.live_client_gpus,
+        )
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {
+            **naming.component_labels(naming.COMPONENT_RESOURCE_INVENTORY),
+            naming.LABEL_OVERSUBSCRIPTION: format_target(self.target),
+            naming.LABEL_GPU_TYPE: self.type_label,
+            naming.LABEL_ZONE: self.zone_name,
+        }
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return {naming.ANNOTATION_GPU_TYPE: self.model, naming.ANNOTATION_ZONE: self.zone_name}
+
+    def _device(self, name: str) -> dict[str, Any]:
+        attributes: dict[str, Any] = {}
+        if len(self.model) <= naming.ATTRIBUTE_STRING_MAX:
+            attributes[naming.ATTRIBUTE_GPU_TYPE] = {"string": self.model}
+        attributes[naming.ATTRIBUTE_GPU_TYPE_LABEL] = {"string": self.type_label}
+        attributes[naming.ATTRIBUTE_ZONE] = {"string": self.zone_name}
+        return {"name": name, "attributes": attributes}
+
+    def _node_selector(self) -> dict[str, Any]:
+        expressions = [
+            {"key": naming.NODE_LABEL_ZONE, "operator": "In", "values": [self.zone_name]}
+        ]
+        expressions += [
+            {"key": key, "operator": "In", "values": [value]} for key, value in self.node_selector
+        ]
+        return {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
+
+    def manifest(self, piece: DesiredSlice, generation: int) -> dict[str, Any]:
+        """The resource.k8s.io/v1 ResourceSlice body of one slice of this pool."""
+        metadata: dict[str, Any] = {
+            "name": piece.name,
+            "labels": self.labels,
+            "annotations": self.annotations,
+        }
+        if self.owner is not None:
+            metadata["ownerReferences"] = [self.owner.to_json()]
+        return {
+            "apiVersion": RESOURCE_API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": metadata,
+            "spec": {
+                "driver": self.driver_name,
+                "pool": {
+                    "name": self.name,
+                    "generation": generation,
+                    "resourceSliceCount": len(self.slices),
+                },
+                "nodeSelector": self._node_selector(),
+                "devices": [self._device(name) for name in piece.devices],
+            },
+        }
+
+    def manifests(self, generation: int) -> list[dict[str, Any]]:
+        return [self.manifest(piece, generation) for piece in self.slices]
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedPool:
+    zone_name: str
+    model: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryLayout:
+    """The pools to publish, and the capacities that could not be published."""
+
+    pools: tuple[DesiredPool, ...]
+    skipped: tuple[SkippedPool, ...] = ()
+
+
+def stable_device_names(
+    type_label: str, count: int, current: Collection[str], allocated: Collection[str] = ()
+) -> tuple[str, ...]:
+    """`count` device names for a pool that currently publishes `current`.
+
+    Current devices keep their names; growing adds the lowest unused indices;
+    shrinking drops the highest indices that are not in `allocated`. Names in
+    `current` that this pool's model would not produce are dropped.
+    """
+    indices = {i for i in (naming.device_index(type_label, n) for n in current) if i is not None}
+    pinned = {i for i in (naming.device_index(type_label, n) for n in allocated) if i is not None}
+    chosen = set(indices)
+    if count >= len(indices):
+        candidate = 0
+        while len(chosen) < count:
+            if candidate not in chosen:
+                chosen.add(candidate)
+            candidate += 1
+    else:
+        removable = sorted(indices - pinned, reverse=True)
+        chosen.difference_update(removable[: len(indices) - count])
+    return tuple(naming.device_name(type_label, i) for i in sorted(chosen))
+
+
+def split_devices(devices: tuple[str, ...], per_slice: int) -> list[tuple[str, ...]]:
+    """Consecutive chunks of at most `per_slice` devices, in order."""
+    if per_slice < 1:
+        raise ValueError(f"per_slice must be at least 1, got {per_slice}")
+    return [devices[i : i + per_slice] for i in range(0, len(devices), per_slice)]
+
+
+def is_inventory_slice(obj: Mapping[str, Any]) -> bool:
+    """Whether an API object is a ResourceSlice this operator publishes (by its labels)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return (
+        labels.get(naming.LABEL_APP_NAME) == naming.APP_NAME
+        and labels.get(naming.LABEL_COMPONENT) == naming.COMPONENT_RESOURCE_INVENTORY
+    )
+
+
+def published_devices(existing_slices: Iterable[Mapping[str, Any]]) -> dict[str, frozenset[str]]:
+    """Pool name -> device names of its newest generation, from listed ResourceSlices."""
+    newest: dict[str, int] = {}
+    devices: dict[str, set[str]] = {}
+    for obj in existing_slices:
+        if not is_inventory_slice(obj):
+            continue
+        pool = (obj.get("spec") or {}).get("pool") or {}
+        name, generation = pool.get("name"), int(pool.get("generation") or 0)
+        if not isinstance(name, str):
+            continue
+        if generation > newest.get(name, -1):
+            newest[name], devices[name] = generation, set()
+        if generation == newest[name]:
+            devices[name].update(
+                d["name"]
+                for d in (obj.get("spec") or {}).get("devices") or ()
+                if isinstance(d.get("name"), str)
+            )
+    return {name: frozenset(names) for name, names in devices.items()}
+
+
+def build_pools(
+    capacities: Iterable[PoolCapacity],
+    config: InventoryConfig,
+    *,
+    current_devices: Mapping[str, Collection[str]] | None = None,
+    allocated_devices: Mapping[str, Collection[str]] | None = None,
+) -> InventoryLayout:
+    """The pools to publish for `capacities`.
+
+    `current_devices` (from `published_devices`) and `allocated_devices` (device
+    names allocated to ResourceClaims, per pool name) keep indices stable.
+    """
+    current_devices = current_devices or {}
+    allocated_devices = allocated_devices or {}
+    capacities = list(capacities)
+    skipped: list[SkippedPool] = []
+    publishable = []
+    for capacity in capacities:
+        if capacity.zone_name == "" or not syntax.is_label_value(capacity.zone_name):
+            skipped.append(
+                SkippedPool(
+                    capacity.zone_name,
+                    capacity.model,
+                    "zone name is not a valid label value, so no node can carry it in "
+                    f"{naming.NODE_LABEL_ZONE}",
+                )
+            )
+        else:
+            publishable.append(capacity)
+    zone_labels = naming.assign_labels(c.zone_name for c in publishable)
+    type_labels = naming.assign_labels(c.model_key for c in capacities)
+    node_selector = tuple(sorted(config.daemon_node_selector.items()))
+    pools = []
+    for capacity in publishable:
+        zone_label, type_label = zone_labels[capacity.zone_name], type_labels[capacity.model_key]
+        name = naming.pool_name(zone_label, type_label)
+        devices = stable_device_names(
+            type_label,
+            capacity.published,
+            current_devices.get(name, ()),
+            allocated_devices.get(name, ()),
+        )
+        if not devices:
+            continue
+        chunks = split_devices(devices, config.max_devices_per_slice)
+        pools.append(
+            DesiredPool(
+                name=name,
+                zone_name=capacity.zone_name,
+                zone_label=zone_label,
+                model=capacity.model,
+                type_label=type_label,
+                target=capacity.target,
+                physical=capacity.physical,
+                live_client_gpus=capacity.live_client_gpus,
+                driver_name=config.driver_name,
+                node_selector=node_selector,
+                owner=config.owner,
+                slices=tuple(
+                    DesiredSlice(naming.slice_name(zone_label, type_label, k), chunk)
+                    for k, chunk in enumerate(chunks)
+                ),
+            )
+        )
+    pools.sort(key=lambda pool: pool.name)
+    return InventoryLayout(pools=tuple(pools), skipped=tuple(skipped))
