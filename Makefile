@@ -24,6 +24,15 @@ venv: $(STAMP) ## Create the virtual environment with pinned packages
 tools: ## Build (once, cached) etcd, kube-apiserver, scheduler, controller-manager, kubectl, helm
 	@hack/build-tools.sh >/dev/null
 
+.PHONY: proto
+proto: $(STAMP) ## Regenerate the Python gRPC stubs from proto/
+	hack/gen-proto.sh
+
+.PHONY: crds
+crds: $(STAMP) ## Regenerate crds/ and docs/configuration.md from the pydantic models
+	$(PY) -m thunder_dra.api.crdgen
+	$(PY) -m thunder_dra.api.docgen
+
 .PHONY: lint
 lint: $(STAMP) ## ruff lint and format check
 	$(VENV)/bin/ruff check .
@@ -42,6 +51,7 @@ check: lint typecheck unit ## Lint, type-check and unit tests
 
 .PHONY: test
 test: $(STAMP) tools ## Every test: unit, integration (local control plane) and end-to-end
+	@hack/ensure-runc.sh
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: cover
