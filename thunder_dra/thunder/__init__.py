@@ -1,0 +1,123 @@
+"""Typed async client for the Thunder Compute API, its models, errors and artifact fetching.
+
+The bottom layer of ``thunder_dra``: it knows nothing of Kubernetes.
+"""
+
+from thunder_dra.thunder.artifacts import (
+    DEFAULT_ARTIFACT_BASE_URL,
+    INSTALLER_MAX_BYTES,
+    LIBRARY_MAX_BYTES,
+    ArtifactFetcher,
+    InstallerPins,
+    parse_installer,
+)
+from thunder_dra.thunder.claims import JwtClaims, JwtClaimsError, decode_jwt_claims
+from thunder_dra.thunder.client import (
+    DEFAULT_API_URL,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_TIMEOUT_SECONDS,
+    ThunderClient,
+    normalize_base_url,
+)
+from thunder_dra.thunder.errors import (
+    ArtifactDigestMismatch,
+    ArtifactError,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    Gone,
+    NotFound,
+    RateLimited,
+    ServerError,
+    ThunderAPIError,
+    ThunderError,
+    ThunderResponseError,
+    ThunderTransportError,
+    Unauthorized,
+)
+from thunder_dra.thunder.models import (
+    HEALTHY_HOST_STATUSES,
+    ClientRecord,
+    ClientRevocation,
+    EnrollmentExchange,
+    Host,
+    HostConfigurations,
+    MintedToken,
+    UnenrollResult,
+    Zone,
+    smallest_zone_id,
+    zones_by_name,
+)
+from thunder_dra.thunder.redact import MASK, Secret, scrub
+from thunder_dra.thunder.retry import (
+    DEFAULT_RETRY,
+    EXCHANGE_RETRY,
+    Clock,
+    RetryOn,
+    RetryPolicy,
+    SystemClock,
+)
+from thunder_dra.thunder.targets import (
+    NEUTRAL_TARGET,
+    OversubscriptionTarget,
+    OversubscriptionTargets,
+    oversubscription_target,
+)
+from thunder_dra.thunder.telemetry import ThunderMetrics, metrics_for
+
+__all__ = [
+    "DEFAULT_API_URL",
+    "DEFAULT_ARTIFACT_BASE_URL",
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "DEFAULT_RETRY",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "EXCHANGE_RETRY",
+    "HEALTHY_HOST_STATUSES",
+    "INSTALLER_MAX_BYTES",
+    "LIBRARY_MAX_BYTES",
+    "MASK",
+    "NEUTRAL_TARGET",
+    "ArtifactDigestMismatch",
+    "ArtifactError",
+    "ArtifactFetcher",
+    "BadRequest",
+    "ClientRecord",
+    "ClientRevocation",
+    "Clock",
+    "Conflict",
+    "EnrollmentExchange",
+    "Forbidden",
+    "Gone",
+    "Host",
+    "HostConfigurations",
+    "InstallerPins",
+    "JwtClaims",
+    "JwtClaimsError",
+    "MintedToken",
+    "NotFound",
+    "OversubscriptionTarget",
+    "OversubscriptionTargets",
+    "RateLimited",
+    "RetryOn",
+    "RetryPolicy",
+    "Secret",
+    "ServerError",
+    "SystemClock",
+    "ThunderAPIError",
+    "ThunderClient",
+    "ThunderError",
+    "ThunderMetrics",
+    "ThunderResponseError",
+    "ThunderTransportError",
+    "Unauthorized",
+    "UnenrollResult",
+    "Zone",
+    "decode_jwt_claims",
+    "metrics_for",
+    "normalize_base_url",
+    "oversubscription_target",
+    "parse_installer",
+    "scrub",
+    "smallest_zone_id",
+    "zones_by_name",
+]
