@@ -3,8 +3,9 @@
 Thunder spells zones and GPU models freely ("A6000", "NVIDIA L4", "us east"), but
 Kubernetes names are DNS labels. The rules (thunder-api.md 7.5), decided here once:
 
-- lower-case; every character outside [a-z0-9] becomes '-'; runs of '-' collapse
-  to one; no leading or trailing '-';
+- lower-case; each run of characters outside [a-z0-9-] becomes one '-' (a '-'
+  already there is kept, so a name that is already a label is its own label);
+  no leading or trailing '-';
 - longer than allowed: cut, and end with '-' and 8 hex digits of the SHA-256 of the
   original, so two long names sharing a prefix stay distinct and the result is
   the same on every run; a name with nothing left (e.g. all non-ASCII) becomes
@@ -77,7 +78,7 @@ SLICE_NAME_PREFIX: Final = "thunder"
 DEVICE_TYPE_MAX: Final = 52
 """Longest model part of a device name: leaves '-' and 10 index digits within 63."""
 _HASH_LENGTH: Final = 8
-_NOT_LABEL_CHARS: Final = re.compile(r"[^a-z0-9]+")
+_NOT_LABEL_CHARS: Final = re.compile(r"[^a-z0-9-]+")
 
 
 def short_hash(value: str) -> str:
