@@ -156,7 +156,7 @@ class Cluster:
             "apiserver",
             "kube-apiserver",
             dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-            ip_addresses=("127.0.0.1", "10.0.0.1"),
+            ip_addresses=("127.0.0.1", "127.254.0.1"),
             server=True,
         )
         sa_key, sa_pub = service_account_key(pki)
@@ -203,7 +203,10 @@ class Cluster:
             f"--service-account-signing-key-file={sa_key}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--api-audiences=https://kubernetes.default.svc.cluster.local",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            # Services get loopback ClusterIPs: when the apiserver calls a webhook or an
+            # aggregated API through a Service, it dials an address on this machine, where
+            # nothing listens, and never a private-range address on some real network.
+            "--service-cluster-ip-range=127.254.0.0/24",
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",
