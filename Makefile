@@ -83,3 +83,84 @@ lock: ## Re-resolve the pinned package versions into constraints.txt
 .PHONY: clean
 clean: ## Remove the virtual environment and caches in the tree
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build dist *.egg-info
+
+# -- packaging and operations (charts/, config/, bundle/, containers/) ----------------
+TOOLS_BIN = $(shell hack/build-tools.sh --print)
+HELM = $(TOOLS_BIN)/helm
+CHART := charts/thunder-device-plugin
+
+.PHONY: build
+build: $(STAMP) ## Wheel and sdist into dist/, version stamped (BUILD_VERSION=0.2.0 for a release)
+	$(PY) -m hack.build_dist
+
+.PHONY: image
+image: ## Operator and daemon images from containers/ (needs a docker engine)
+	hack/images.sh build
+
+.PHONY: push
+push: ## Push the images (REGISTRY=..., IMAGE_TAG=...; needs a docker engine)
+	hack/images.sh push
+
+.PHONY: image-buildx
+image-buildx: ## Multi-platform images with docker buildx, pushed (PLATFORMS=...)
+	hack/images.sh buildx
+
+.PHONY: sync-crds
+sync-crds: $(STAMP) tools ## Copy crds/ into the chart, config/ and the bundle
+	cp crds/*.yaml $(CHART)/crds/
+	cp crds/*.yaml config/crd/bases/
+	cp config/crd/peering/clusterkopfpeerings.kopf.dev.yaml $(CHART)/crds/
+	$(PY) -m hack.bundle
+
+.PHONY: helm-lint
+helm-lint: tools ## helm lint --strict the chart and the test charts
+	$(HELM) lint --strict $(CHART) charts/tests/pod charts/tests/vm
+
+.PHONY: helm-schema
+helm-schema: $(STAMP) tools ## Check values.schema.json rejects a misspelled key, naming it
+	$(PY) -m hack.helm_schema
+
+.PHONY: helm-docs
+helm-docs: $(STAMP) ## Regenerate the chart README (values reference) from values + schema
+	$(PY) -m hack.helm_docs
+
+.PHONY: helm-package
+helm-package: tools helm-lint ## Package the chart into dist/
+	$(PY) -m hack.helm_docs --check
+	$(HELM) package $(CHART) --destination dist
+
+.PHONY: bundle
+bundle: $(STAMP) tools ## Regenerate the OLM bundle in bundle/ from config/
+	$(PY) -m hack.bundle
+
+.PHONY: bundle-validate
+bundle-validate: ## Validate bundle/ with the operator-framework validators (OperatorHub, good practices)
+	$$(hack/build-bundle-validate.sh) -warnings-as-errors bundle/
+
+.PHONY: verify
+verify: $(STAMP) tools ## Chart, examples, config/ and bundle: render, compare, validate, server-side dry-run
+	$(PY) -m hack.verify
+
+.PHONY: preflight
+preflight: $(STAMP) ## Check the current kubeconfig's cluster can run the driver
+	$(PY) -m hack.preflight
+
+.PHONY: install
+install: $(STAMP) ## Install or upgrade from the local chart (needs THUNDER_API_TOKEN)
+	$(PY) -m hack.ops install
+
+.PHONY: uninstall
+uninstall: $(STAMP) ## helm uninstall, after typing the context back (FORCE=1, YES=1)
+	$(PY) -m hack.ops uninstall
+
+.PHONY: status
+status: $(STAMP) ## Release, operator, daemon, ThunderCluster and published inventory
+	$(PY) -m hack.ops status
+
+.PHONY: logs
+logs: $(STAMP) ## Operator and daemon logs (COMPONENT=operator|daemon, FOLLOW=1)
+	$(PY) -m hack.ops logs
+
+.PHONY: purge
+purge: $(STAMP) ## Remove the release and everything the driver wrote (FORCE=1, YES=1)
+	$(PY) -m hack.ops purge

@@ -1,0 +1,189 @@
+"""make install / uninstall / purge as a person runs them, through a pseudo-terminal.
+
+Runs on its own control plane: purge removes the CRDs, which the rest of the suite's
+shared control plane needs. The chart is installed with the webhook off, because the
+test writes Client objects itself and the local control plane's Service IPs must
+never be dialled (see test_packaging_helm_install).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hack.cluster import Cluster
+from tests.integration.packaging.ptykit import Session, run_on_pty
+from tests.support.kube import Kube
+
+REPO = Path(__file__).resolve().parents[3]
+GROUP = "thundercompute.com/v1alpha1"
+PROMPT = "Type the context name to continue"
+TOKEN = f"tok-{uuid.uuid4().hex}"
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(workdir=tmp_path_factory.mktemp("cp-ops")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def kube(plane: Cluster) -> Kube:
+    return Kube(plane.kubeconfig)
+
+
+def _env(plane: Cluster, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE", "YES", "THUNDER_API_TOKEN")}
+    env.update(plane.env())
+    env.update({"NAMESPACE": "thunder-system", "HELM_ARGS": "--set webhook.enabled=false"})
+    env.update(extra)
+    return env
+
+
+def _ops(plane: Cluster, command: str, answer: str | None = None, **extra: str) -> Session:
+    return run_on_pty(
+        [sys.executable, "-m", "hack.ops", command],
+        _env(plane, **extra),
+        prompt=PROMPT if answer is not None else None,
+        answer=answer or "",
+        cwd=str(REPO),
+    )
+
+
+def _context(plane: Cluster) -> str:
+    return subprocess.run(
+        ["kubectl", "config", "current-context"],
+        env=_env(plane),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def _release_exists(plane: Cluster) -> bool:
+    done = subprocess.run(
+        ["helm", "status", "thunder-device-plugin", "-n", "thunder-system"],
+        env=_env(plane),
+        capture_output=True,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def _install(plane: Cluster) -> Session:
+    session = _ops(plane, "install", THUNDER_API_TOKEN=TOKEN)
+    assert session.returncode == 0, session.output
+    return session
+
+
+def _ensure_installed(plane: Cluster) -> None:
+    if not _release_exists(plane):
+        _install(plane)
+
+
+def _client(kube: Kube, namespace: str = "default") -> str:
+    name = f"c-{uuid.uuid4().hex[:6]}"
+    body: dict[str, Any] = {
+        "apiVersion": GROUP,
+        "kind": "Client",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "finalizers": ["thundercompute.com/client-cleanup"],
+        },
+        "spec": {
+            "claim": {"namespace": namespace, "name": "claim", "uid": "u-1"},
+            "nodeName": "n1",
+            "zone": {"name": "z", "id": "z1"},
+            "gpuType": "A6000",
+            "gpuCount": 1,
+        },
+    }
+    kube.create(body)
+    return name
+
+
+def test_install_creates_the_secret_without_showing_the_token(plane: Cluster, kube: Kube) -> None:
+    session = _install(plane)
+    assert TOKEN not in session.output
+    assert "THUNDER_API_TOKEN from the environment" in session.output
+    secret = kube.core.read_namespaced_secret("thunder-api", "thunder-system")
+    assert secret.data is not None
+    assert "THUNDER_API_TOKEN" in secret.data
+    assert _release_exists(plane)
+    missing = _ops(plane, "install")
+    assert missing.returncode == 3
+    assert "THUNDER_API_TOKEN is not set" in missing.output
+
+
+def test_uninstall_refuses_while_clients_exist(plane: Cluster, kube: Kube) -> None:
+    _ensure_installed(plane)
+    name = _client(kube)
+    try:
+        for command in ("uninstall", "purge"):
+            session = _ops(plane, command, answer=_context(plane))
+            assert session.returncode == 3, session.output
+            assert "clients.thundercompute.com still exist (default/" in session.output
+            assert PROMPT not in session.output, "refused before asking"
+            assert _release_exists(plane)
+        forced_wrong = _ops(plane, "uninstall", answer="some-other-cluster", FORCE="1")
+        assert forced_wrong.returncode == 3
+        assert f"on cluster context: {_context(plane)}" in forced_wrong.output
+        assert "not typed back; nothing was changed" in forced_wrong.output
+        assert _release_exists(plane)
+    finally:
+        client = kube.resource(GROUP, "Client")
+        client.patch(
+            name=name,
+            namespace="default",
+            body={"metadata": {"finalizers": None}},
+            content_type="application/merge-patch+json",
+        )
+        kube.delete(GROUP, "Client", name, "default")
+
+
+def test_uninstall_asks_for_the_context_and_removes_the_release(plane: Cluster) -> None:
+    _ensure_installed(plane)
+    stopped = _ops(plane, "uninstall", answer="nope")
+    assert stopped.returncode == 3
+    assert _release_exists(plane)
+    session = _ops(plane, "uninstall", answer=_context(plane))
+    assert session.returncode == 0, session.output
+    assert "make purge" in session.output
+    assert not _release_exists(plane)
+
+
+def test_purge_with_force_and_yes_removes_everything(plane: Cluster, kube: Kube) -> None:
+    _ensure_installed(plane)
+    client = _client(kube)
+    kube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {
+                "name": "thunder-gpu-a6000",
+                "labels": {"app.kubernetes.io/name": "thunder-dra-driver"},
+            },
+            "spec": {
+                "selectors": [{"cel": {"expression": 'device.driver == "thundercompute.com"'}}]
+            },
+        }
+    )
+    session = _ops(plane, "purge", FORCE="1", YES="1")
+    assert session.returncode == 0, session.output
+    assert PROMPT not in session.output
+    assert "FORCE=1: going ahead although 1 Client(s) exist." in session.output
+    assert f"deleted client/{client} -n default" in session.output
+    assert not _release_exists(plane)
+    assert kube.get("resource.k8s.io/v1", "DeviceClass", "thunder-gpu-a6000") is None
+    for crd in ("thunderclusters.thundercompute.com", "clients.thundercompute.com"):
+        assert kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", crd) is None
+    assert kube.get("v1", "Namespace", "thunder-system") is None
+    assert session.output.rstrip().endswith("purged")
