@@ -43,16 +43,21 @@ typecheck: $(STAMP) ## mypy --strict
 	$(VENV)/bin/mypy --strict thunder_dra hack tests $(wildcard bench/*.py)
 
 .PHONY: unit
-unit: $(STAMP) ## Unit tests only (no processes)
+unit: $(STAMP) tools ## Unit tests only (no cluster; chart renders use the built helm)
 	$(VENV)/bin/pytest -m unit -q $(PYTEST_ARGS)
 
 .PHONY: check
-check: lint typecheck unit ## Lint, type-check and unit tests
+check: lint typecheck unit helm-lint helm-schema ## Lint, type-check, unit tests and offline chart verification
 
 .PHONY: test
 test: $(STAMP) tools ## Every test: unit, integration (local control plane) and end-to-end
 	@hack/ensure-runc.sh
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+.PHONY: test-local
+test-local: $(STAMP) tools ## Integration and end-to-end tests on the embedded local control plane
+	@hack/ensure-runc.sh
+	$(VENV)/bin/pytest -m "integration or e2e" $(PYTEST_ARGS)
 
 .PHONY: cover
 cover: $(STAMP) tools ## Every test with a coverage report of thunder_dra
