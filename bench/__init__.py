@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench.<name>`; figures go to docs/benchmarks.md."""

@@ -1,0 +1,71 @@
+"""The operator's command line and environment."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from thunder_dra.controllers.options import default_priority, parse_options
+
+
+def test_defaults() -> None:
+    options = parse_options([], environ={})
+    assert options.namespace == "thunder-system"
+    assert not options.standalone
+    assert options.peering_name == "thunder-dra-operator"
+    assert (options.health_port, options.metrics_port) == (8081, 8080)
+    assert not options.webhook_enabled
+    assert options.orphan_grace_period_override is None
+    assert options.peering_priority > 0
+
+
+def test_the_charts_environment_configures_the_process() -> None:
+    options = parse_options(
+        [],
+        environ={
+            "THUNDER_NAMESPACE": "gpu-system",
+            "THUNDER_CLUSTER_NAME": "main",
+            "THUNDER_PEERING_NAME": "release-x",
+            "THUNDER_HEALTH_PORT": "9000",
+            "THUNDER_METRICS_PORT": "9001",
+            "THUNDER_WEBHOOK_PORT": "9443",
+            "THUNDER_WEBHOOK_CERT_DIR": "/certs",
+            "THUNDER_DAEMON_SERVICE_ACCOUNT": "release-x-daemon",
+            "THUNDER_LOG_FORMAT": "json",
+        },
+    )
+    assert options.namespace == "gpu-system"
+    assert options.cluster_name == "main"
+    assert options.peering_name == "release-x"
+    assert (options.health_port, options.metrics_port, options.webhook_port) == (9000, 9001, 9443)
+    assert options.webhook_cert_file == Path("/certs/tls.crt")
+    assert options.webhook_key_file == Path("/certs/tls.key")
+    assert options.daemon_service_account == "release-x-daemon"
+    assert options.log_format == "json"
+
+
+def test_thunder_dra_namespace_wins_and_flags_win_over_the_environment() -> None:
+    environ = {"THUNDER_DRA_NAMESPACE": "a", "THUNDER_NAMESPACE": "b"}
+    assert parse_options([], environ=environ).namespace == "a"
+    assert parse_options(["--namespace", "c"], environ=environ).namespace == "c"
+
+
+def test_test_only_grace_override() -> None:
+    options = parse_options(["--orphan-grace-period-override", "4s"], environ={})
+    assert options.orphan_grace_period_override == timedelta(seconds=4)
+
+
+def test_standalone_and_peering_exclude_each_other() -> None:
+    with pytest.raises(SystemExit):
+        parse_options(["--standalone", "--peering", "x"], environ={})
+
+
+def test_a_certificate_needs_its_key() -> None:
+    with pytest.raises(SystemExit):
+        parse_options(["--webhook-cert-file", "/c.crt"], environ={})
+
+
+def test_older_replicas_get_higher_peering_priorities() -> None:
+    assert default_priority(1_000) > default_priority(2_000)

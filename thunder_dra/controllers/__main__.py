@@ -1,0 +1,39 @@
+"""`python -m thunder_dra.controllers` / `thunder-operator`: run the operator.
+
+See `thunder-operator --help` and docs/operator.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from thunder_dra.controllers.logsetup import configure_logging
+from thunder_dra.controllers.options import parse_options
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    options = parse_options(argv)
+    configure_logging(options.log_level, options.log_format)
+    # Imported after logging is set up: kopf and the client log while importing.
+    from thunder_dra.controllers.operator import run_operator
+
+    logging.getLogger(__name__).info(
+        "starting the operator",
+        extra={
+            "namespace": options.namespace,
+            "standalone": options.standalone,
+            "peering": None if options.standalone else options.peering_name,
+            "webhook_port": options.webhook_port or None,
+        },
+    )
+    try:
+        asyncio.run(run_operator(options))
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

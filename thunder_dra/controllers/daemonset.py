@@ -1,0 +1,339 @@
+"""The node daemon DaemonSet, rendered from the ThunderCluster spec (architecture: DaemonSet).
+
+One DaemonSet, `thunder-dra-daemon` in the operator's namespace, owned by the
+ThunderCluster (a namespaced object may have a cluster-scoped owner), so deleting the
+ThunderCluster removes it. Its pods run `python -m thunder_dra.plugin` with the agreed
+command line, host PID and privileged (the daemon enters the host's namespaces with
+nsenter to run thunderd's installer), and mount the kubelet plugin and registration
+directories, the CDI spec directory and the daemon's state directory from the host.
+
+Rolling updates use `maxSurge: 1, maxUnavailable: 0`: the new pod starts beside the
+old one (each registers its own per-pod socket), so every node keeps a serving kubelet
+plugin throughout an upgrade.
+
+The API token reaches the pods only through a `secretKeyRef`; it never appears in the
+DaemonSet. A `secretKeyRef` can only name a Secret of the pod's own namespace, so the
+Secret must live in the operator's namespace (the chart puts both in one).
+
+Writes happen only when the rendered object differs from the stored one in what this
+operator sets: the stored object must carry the hash of the current rendering (which
+catches any spec change, removals included) and contain every rendered field (which
+catches edits made to the DaemonSet by hand). Server defaults are ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Final
+
+from kubernetes.utils.quantity import parse_quantity
+
+from thunder_dra.api.constants import API_VERSION, DOMAIN, THUNDER_CLUSTER_KIND
+from thunder_dra.api.thundercluster import ThunderClusterSpec
+from thunder_dra.controllers.kubeapi import DAEMON_SETS, KubeApi
+from thunder_dra.kube import naming
+from thunder_dra.version import __version__
+
+DAEMONSET_NAME: Final = "thunder-dra-daemon"
+CONTAINER_NAME: Final = "daemon"
+HEALTH_PORT: Final = 8081
+CDI_DIR: Final = "/var/run/cdi"
+STATE_DIR: Final = "/var/lib/thunder-dra"
+HASH_ANNOTATION: Final = f"{DOMAIN}/rendered-hash"
+TOKEN_ENV: Final = "THUNDER_API_TOKEN"
+TOKEN_KEY: Final = "THUNDER_API_TOKEN"
+
+
+def selector_labels() -> dict[str, str]:
+    return naming.component_labels(naming.COMPONENT_DAEMON)
+
+
+def image_reference(spec: ThunderClusterSpec) -> str:
+    image = spec.daemon.image
+    if image.digest:
+        return f"{image.repository}@{image.digest}"
+    return f"{image.repository}:{image.tag or __version__}"
+
+
+def daemon_command(spec: ThunderClusterSpec) -> list[str]:
+    """The agreed daemon command line."""
+    daemon = spec.daemon
+    return [
+        "python",
+        "-m",
+        "thunder_dra.plugin",
+        "--driver-name",
+        spec.operator.driver_name,
+        "--api-url",
+        spec.thunder.api_url,
+        "--artifact-base-url",
+        spec.thunder.artifact_base_url,
+        "--telemetry-url",
+        spec.thunder.telemetry_url,
+        "--plugin-dir-root",
+        spec.kubelet.plugin_dir_root,
+        "--registry-dir",
+        spec.kubelet.registry_dir,
+        "--cdi-dir",
+        CDI_DIR,
+        "--state-dir",
+        STATE_DIR,
+        "--min-driver-version",
+        str(spec.nvidia.min_driver_version),
+        "--thunderd-port-range",
+        str(daemon.thunderd_port_range),
+        "--advertised-ip-label",
+        daemon.advertised_ip_label,
+        "--health-port",
+        str(HEALTH_PORT),
+        "--host-runner",
+        "nsenter",
+        "--log-level",
+        daemon.log_level,
+    ]
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _host_volume(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "health"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonSetOwner:
+    name: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": THUNDER_CLUSTER_KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": False,
+        }
+
+
+def render(
+    spec: ThunderClusterSpec, namespace: str, owner: DaemonSetOwner, service_account: str
+) -> dict[str, Any]:
+    """The DaemonSet for `spec`, carrying the hash of its own rendering."""
+    daemon = spec.daemon
+    env = [
+        _field_env("NODE_NAME", "spec.nodeName"),
+        _field_env("POD_UID", "metadata.uid"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        {
+            "name": TOKEN_ENV,
+            "valueFrom": {"secretKeyRef": {"name": spec.thunder.secret_name, "key": TOKEN_KEY}},
+        },
+        *({"name": var.name, "value": var.value} for var in daemon.extra_env),
+    ]
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": image_reference(spec),
+        "imagePullPolicy": daemon.image.pull_policy,
+        "command": daemon_command(spec),
+        "env": env,
+        "ports": [{"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
+        "livenessProbe": _probe("/healthz", 10, 3),
+        "readinessProbe": _probe("/readyz", 5, 3),
+        "securityContext": {"privileged": True},
+        "resources": daemon.resources.to_json_dict(),
+        "volumeMounts": [
+            {"name": "plugins", "mountPath": spec.kubelet.plugin_dir_root},
+            {"name": "plugins-registry", "mountPath": spec.kubelet.registry_dir},
+            {"name": "cdi", "mountPath": CDI_DIR},
+            {"name": "state", "mountPath": STATE_DIR},
+        ],
+    }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": service_account,
+        "hostPID": True,
+        "nodeSelector": dict(daemon.node_selector),
+        "tolerations": [t.to_json_dict() for t in daemon.tolerations],
+        "containers": [container],
+        "volumes": [
+            _host_volume("plugins", spec.kubelet.plugin_dir_root),
+            _host_volume("plugins-registry", spec.kubelet.registry_dir),
+            _host_volume("cdi", CDI_DIR),
+            _host_volume("state", STATE_DIR),
+        ],
+    }
+    if daemon.priority_class_name:
+        pod_spec["priorityClassName"] = daemon.priority_class_name
+    if daemon.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [ref.to_json_dict() for ref in daemon.image_pull_secrets]
+    labels = {**selector_labels(), naming.LABEL_MANAGED_BY: naming.MANAGED_BY}
+    template_metadata: dict[str, Any] = {"labels": selector_labels()}
+    if daemon.pod_annotations:
+        template_metadata["annotations"] = dict(daemon.pod_annotations)
+    body: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": DAEMONSET_NAME,
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "selector": {"matchLabels": selector_labels()},
+            "updateStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {"metadata": template_metadata, "spec": pod_spec},
+        },
+    }
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    body["metadata"]["annotations"] = {HASH_ANNOTATION: digest}
+    return body
+
+
+def _quantity(value: Any) -> Decimal | None:
+    try:
+        return Decimal(parse_quantity(value))  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, ArithmeticError):
+        return None
+
+
+def contains(stored: Any, rendered: Any, path: tuple[str, ...] = ()) -> bool:
+    """Whether `stored` holds every field of `rendered` with the same value.
+
+    Mappings may hold more keys (server defaults); lists must have the same length and
+    match item by item; resource quantities compare by value ("0.5" == "500m").
+    """
+    if isinstance(rendered, Mapping):
+        return isinstance(stored, Mapping) and all(
+            key in stored and contains(stored[key], value, (*path, str(key)))
+            for key, value in rendered.items()
+        )
+    if isinstance(rendered, list):
+        return (
+            isinstance(stored, list)
+            and len(stored) == len(rendered)
+            and all(contains(s, r, path) for s, r in zip(stored, rendered, strict=True))
+        )
+    if stored == rendered:
+        return True
+    if "resources" in path:
+        left, right = _quantity(stored), _quantity(rendered)
+        return left is not None and left == right
+    return False
+
+
+def up_to_date(stored: Mapping[str, Any], rendered: Mapping[str, Any]) -> bool:
+    """No write is needed: the stored object has this rendering's hash and every field."""
+    stored_hash = ((stored.get("metadata") or {}).get("annotations") or {}).get(HASH_ANNOTATION)
+    want_hash = rendered["metadata"]["annotations"][HASH_ANNOTATION]
+    if stored_hash != want_hash:
+        return False
+    meta = rendered["metadata"]
+    stored_meta = stored.get("metadata") or {}
+    owned_meta = {"labels": meta["labels"], "ownerReferences": meta["ownerReferences"]}
+    return contains(stored_meta, owned_meta) and contains(stored.get("spec"), rendered["spec"])
+
+
+def needs_recreate(stored: Mapping[str, Any], rendered: Mapping[str, Any]) -> bool:
+    """The selector is immutable: a DaemonSet selecting other labels is replaced."""
+    selector: Any = (stored.get("spec") or {}).get("selector")
+    return bool(selector != rendered["spec"]["selector"])
+
+
+def update_body(stored: Mapping[str, Any], rendered: Mapping[str, Any]) -> dict[str, Any]:
+    """`rendered` on top of the stored metadata, keeping labels and annotations of others."""
+    have = {k: v for k, v in (stored.get("metadata") or {}).items() if k != "managedFields"}
+    want = rendered["metadata"]
+    metadata = {
+        **have,
+        "labels": {**(have.get("labels") or {}), **want["labels"]},
+        "annotations": {**(have.get("annotations") or {}), **want["annotations"]},
+        "ownerReferences": [
+            *(
+                ref
+                for ref in have.get("ownerReferences") or ()
+                if not ref.get("controller") and ref.get("uid") != want["ownerReferences"][0]["uid"]
+            ),
+            *want["ownerReferences"],
+        ],
+    }
+    return {**rendered, "metadata": metadata}
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    ready: bool
+    reason: str
+    message: str
+
+
+def readiness(stored: Mapping[str, Any] | None) -> Readiness:
+    """DaemonReady from the DaemonSet's status."""
+    if stored is None:
+        return Readiness(False, "DaemonSetMissing", f"DaemonSet {DAEMONSET_NAME} does not exist")
+    metadata, status = stored.get("metadata") or {}, stored.get("status") or {}
+    if int(status.get("observedGeneration") or 0) < int(metadata.get("generation") or 0):
+        return Readiness(
+            False, "RolloutPending", "the DaemonSet controller has not seen the change"
+        )
+    desired = int(status.get("desiredNumberScheduled") or 0)
+    ready = int(status.get("numberReady") or 0)
+    updated = int(status.get("updatedNumberScheduled") or 0)
+    if desired == 0:
+        return Readiness(False, "NoNodes", "no node matches the daemon's nodeSelector")
+    if updated < desired:
+        return Readiness(
+            False, "RollingUpdate", f"{updated} of {desired} daemon pods run the current spec"
+        )
+    if ready < desired:
+        return Readiness(False, "PodsNotReady", f"{ready} of {desired} daemon pods are ready")
+    return Readiness(True, "AllPodsReady", f"{ready} of {desired} daemon pods are ready")
+
+
+async def reconcile_daemonset(
+    kube: KubeApi, rendered: Mapping[str, Any]
+) -> tuple[dict[str, Any], str]:
+    """Bring the stored DaemonSet to `rendered`; returns it and what was done
+    (`unchanged`, `created`, `updated` or `recreated`)."""
+    namespace = rendered["metadata"]["namespace"]
+    path = DAEMON_SETS.item(DAEMONSET_NAME, namespace)
+    stored = await kube.get(path)
+    if stored is None:
+        created = await kube.create(
+            DAEMON_SETS.collection(namespace), rendered, resource=DAEMON_SETS.plural
+        )
+        return created, "created"
+    if up_to_date(stored, rendered):
+        return stored, "unchanged"
+    if needs_recreate(stored, rendered):
+        # Only a DaemonSet made by another version can select other labels. Its pods would
+        # not be adopted by the new selector, so they go with it rather than linger.
+        await kube.delete(
+            path,
+            resource=DAEMON_SETS.plural,
+            resource_version=(stored.get("metadata") or {}).get("resourceVersion"),
+            propagation="Background",
+        )
+        created = await kube.create(
+            DAEMON_SETS.collection(namespace), rendered, resource=DAEMON_SETS.plural
+        )
+        return created, "recreated"
+    updated = await kube.replace(path, update_body(stored, rendered), resource=DAEMON_SETS.plural)
+    return updated, "updated"

@@ -1,0 +1,287 @@
+"""The operator process: kopf handlers, peering, the webhook, probes and metrics.
+
+kopf's part:
+
+- a daemon per ThunderCluster (the reconcile loops of `runtime`), which kopf stops when
+  the object is deleted or when peering pauses this replica;
+- watch-event handlers on ThunderClusters (to start a pass at once on a spec change or
+  a `thundercompute.com/reconcile-requested` annotation) and on Clients (to wake the
+  reaper). Event handlers keep no state on the objects;
+- the validating webhook handlers (`thunder_dra.webhooks`), served by every replica;
+- peering: replicas register in one ClusterKopfPeering object (kopf.dev/v1, created
+  here if missing; its CRD ships with the chart) and only the highest-priority live
+  replica reconciles. kopf has no Lease-based election; its peering is the mechanism.
+  `--standalone` runs without it.
+
+kopf authenticates with the same client configuration the operator's own calls use
+(the given kubeconfig, else in-cluster, else the default kubeconfig).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable, Collection
+from typing import Any
+
+import kopf
+from prometheus_client import CollectorRegistry
+
+from thunder_dra.api.constants import CLIENT_PLURAL, GROUP, THUNDER_CLUSTER_PLURAL, VERSION
+from thunder_dra.controllers.events import EventRecorder
+from thunder_dra.controllers.health import HealthServer
+from thunder_dra.controllers.inventory import InventoryReconciler
+from thunder_dra.controllers.kubeapi import (
+    CLUSTER_PEERINGS,
+    DEVICE_CLASSES,
+    RESOURCE_SLICES,
+    THUNDER_CLUSTERS,
+    KubeApi,
+    KubeError,
+    load_configuration,
+)
+from thunder_dra.controllers.listing import DEVICE_CLASS_SELECTOR, INVENTORY_SELECTOR
+from thunder_dra.controllers.metrics import OperatorMetrics
+from thunder_dra.controllers.options import OperatorOptions
+from thunder_dra.controllers.publish import Publisher
+from thunder_dra.controllers.reaper import Reaper
+from thunder_dra.controllers.runtime import ClusterLoop, Services
+from thunder_dra.controllers.thunderaccess import ThunderClients
+from thunder_dra.controllers.tracing import configure_tracing
+from thunder_dra.webhooks.admission import register_webhooks
+from thunder_dra.webhooks.server import ListeningWebhookServer, WebhookTLS
+
+_log = logging.getLogger(__name__)
+
+DAEMON_CANCELLATION_TIMEOUT = 30.0
+
+
+class Operator:
+    """Everything one operator process runs."""
+
+    def __init__(self, options: OperatorOptions) -> None:
+        self.options = options
+        self.registry = CollectorRegistry()
+        self.metrics = OperatorMetrics(self.registry)
+        self.configuration = load_configuration(options.kubeconfig)
+        self.kube = KubeApi(self.configuration, self.metrics, workers=options.write_concurrency + 4)
+        instance = os.environ.get("POD_ID") or socket.gethostname()
+        self.events = EventRecorder(self.kube, instance)
+        self.thunder_clients = ThunderClients(self.registry)
+        self.services = Services(
+            options=options,
+            kube=self.kube,
+            metrics=self.metrics,
+            events=self.events,
+            inventory=InventoryReconciler(
+                self.kube,
+                Publisher(self.kube, options.write_concurrency),
+                self.events,
+                self.metrics,
+                self.thunder_clients,
+            ),
+            reaper=Reaper(self.kube, self.events, self.metrics),
+            thunder_clients=self.thunder_clients,
+        )
+        self.loops: dict[str, ClusterLoop] = {}
+        self.kopf_ready = asyncio.Event()
+        self.tls: WebhookTLS | None = None
+        self.webhook_server: ListeningWebhookServer | None = None
+        if options.webhook_enabled:
+            self.tls = WebhookTLS(
+                host=options.webhook_host,
+                cert_file=options.webhook_cert_file,
+                key_file=options.webhook_key_file,
+                ca_file=options.webhook_ca_file,
+            )
+            self.webhook_server = self.tls.server(
+                listen=options.webhook_listen,
+                port=options.webhook_port,
+                ca_dump=options.webhook_ca_dump,
+            )
+
+    # -- readiness -------------------------------------------------------------------
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.kopf_ready.is_set():
+            return False, "starting"
+        if self.webhook_server is not None and not self.webhook_server.listening:
+            return False, "webhook server not listening yet"
+        return True, "ready"
+
+    # -- webhook context ---------------------------------------------------------------
+
+    async def thundercluster_names(self) -> Collection[str]:
+        clusters = await self.kube.list_all(THUNDER_CLUSTERS.collection())
+        return [str((c.get("metadata") or {}).get("name")) for c in clusters]
+
+    async def objects_published(self) -> bool:
+        for path, selector in (
+            (RESOURCE_SLICES, INVENTORY_SELECTOR),
+            (DEVICE_CLASSES, DEVICE_CLASS_SELECTOR),
+        ):
+            async for page in self.kube.list_pages(
+                path.collection(), label_selector=selector, limit=1
+            ):
+                if page:
+                    return True
+                break
+        return False
+
+    # -- kopf ------------------------------------------------------------------------
+
+    def _selects(self) -> Callable[..., bool]:
+        wanted = self.options.cluster_name
+
+        def selects(name: str, **_: Any) -> bool:
+            return not wanted or name == wanted
+
+        return selects
+
+    def build_registry(self) -> kopf.OperatorRegistry:
+        registry = kopf.OperatorRegistry()
+        selects = self._selects()
+
+        @kopf.on.login(registry=registry)
+        def login(**_: Any) -> kopf.ConnectionInfo:
+            config = load_configuration(self.options.kubeconfig)
+            header = config.get_api_key_with_prefix("BearerToken") or ""
+            scheme, _space, token = header.partition(" ")
+            return kopf.ConnectionInfo(
+                server=config.host,
+                ca_path=config.ssl_ca_cert,
+                insecure=not config.verify_ssl,
+                scheme=scheme or None,
+                token=token or None,
+                certificate_path=config.cert_file,
+                private_key_path=config.key_file,
+            )
+
+        @kopf.on.event(GROUP, VERSION, THUNDER_CLUSTER_PLURAL, registry=registry, when=selects)
+        async def thundercluster_event(body: kopf.Body, uid: str, **_: Any) -> None:
+            loop = self.loops.get(uid)
+            if loop is not None:
+                loop.observe(body)
+
+        @kopf.on.event(GROUP, VERSION, CLIENT_PLURAL, registry=registry)
+        async def client_event(**_: Any) -> None:
+            for loop in self.loops.values():
+                loop.reaper_trigger.set()
+
+        @kopf.daemon(
+            GROUP,
+            VERSION,
+            THUNDER_CLUSTER_PLURAL,
+            id="reconcile",
+            registry=registry,
+            when=selects,
+            cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT,
+        )
+        async def reconcile(
+            body: kopf.Body, uid: str, name: str, stopped: kopf.DaemonStopped, **_: Any
+        ) -> None:
+            loop = ClusterLoop(self.services, uid, name)
+            self.loops[uid] = loop
+            _log.info("reconciling ThunderCluster", extra={"cluster": name})
+
+            async def wait_stopped() -> object:
+                return await stopped.wait()
+
+            try:
+                await loop.run(body, wait_stopped, lambda: bool(stopped))
+            finally:
+                self.loops.pop(uid, None)
+                _log.info("stopped reconciling ThunderCluster", extra={"cluster": name})
+
+        if self.options.webhook_enabled:
+            register_webhooks(
+                registry,
+                existing_names=self.thundercluster_names,
+                objects_published=self.objects_published,
+            )
+        return registry
+
+    def build_settings(self) -> kopf.OperatorSettings:
+        options = self.options
+        settings = kopf.OperatorSettings()
+        # Events are posted by the operator itself (aggregated, in its namespace).
+        settings.posting.enabled = False
+        settings.peering.name = options.peering_name
+        settings.peering.priority = options.peering_priority
+        settings.peering.lifetime = options.peering_lifetime
+        settings.peering.clusterwide = True
+        settings.peering.standalone = options.standalone
+        settings.peering.mandatory = not options.standalone
+        settings.peering.stealth = True
+        settings.persistence.finalizer = f"{GROUP}/operator"
+        settings.execution.max_workers = 4
+        if self.webhook_server is not None:
+            settings.admission.server = self.webhook_server
+            settings.admission.managed = None
+        return settings
+
+    async def ensure_peering_object(self) -> None:
+        """kopf records keep-alives in an existing object; without it, replicas would not
+        see each other and would all reconcile."""
+        if self.options.standalone:
+            return
+        body = {
+            "apiVersion": "kopf.dev/v1",
+            "kind": "ClusterKopfPeering",
+            "metadata": {"name": self.options.peering_name},
+        }
+        try:
+            await self.kube.create(
+                CLUSTER_PEERINGS.collection(), body, resource=CLUSTER_PEERINGS.plural
+            )
+            _log.info("created the peering object", extra={"peering": self.options.peering_name})
+        except KubeError as exc:
+            if exc.conflict:
+                return
+            if exc.not_found:
+                _log.error(
+                    "the ClusterKopfPeering CRD is not installed; install it or run --standalone"
+                )
+                return
+            path = CLUSTER_PEERINGS.item(self.options.peering_name)
+            if exc.status == 403 and await self.kube.get(path) is not None:
+                return
+            raise
+
+    async def run(self) -> None:
+        configure_tracing()
+        health = HealthServer(
+            host=self.options.health_host,
+            health_port=self.options.health_port,
+            metrics_port=self.options.metrics_port,
+            registry=self.registry,
+            ready=self.ready,
+        )
+        await health.start()
+        try:
+            await self.ensure_peering_object()
+            await kopf.operator(
+                registry=self.build_registry(),
+                settings=self.build_settings(),
+                clusterwide=True,
+                standalone=self.options.standalone,
+                priority=self.options.peering_priority,
+                # kopf makes peering mandatory whenever a name is given, even standalone.
+                peering_name=None if self.options.standalone else self.options.peering_name,
+                ready_flag=self.kopf_ready,
+            )
+        finally:
+            await health.stop()
+            await self.thunder_clients.aclose()
+            self.kube.close()
+            if self.tls is not None:
+                self.tls.cleanup()
+
+
+async def run_operator(options: OperatorOptions) -> None:
+    operator = Operator(options)
+    with contextlib.suppress(asyncio.CancelledError):
+        await operator.run()

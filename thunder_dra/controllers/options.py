@@ -1,0 +1,286 @@
+"""The operator's command line: flags, their environment variables and defaults.
+
+Every flag has an environment variable so a Deployment can configure the process
+without a command line; a flag given on the command line wins. The Helm chart sets
+the `THUNDER_*` variables named below, so both spellings of the namespace variable
+are read (`THUNDER_DRA_NAMESPACE` first, then `THUNDER_NAMESPACE`).
+
+One flag exists for tests only and is hidden from `--help`:
+`--orphan-grace-period-override` replaces `spec.operator.orphanGracePeriod` (whose
+validated minimum of 30s would make reaper tests slow). docs/operator.md documents it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Final
+
+from thunder_dra.api.duration import parse_duration
+
+DEFAULT_NAMESPACE: Final = "thunder-system"
+DEFAULT_PEERING_NAME: Final = "thunder-dra-operator"
+DEFAULT_DAEMON_SERVICE_ACCOUNT: Final = "thunder-dra-daemon"
+DEFAULT_HEALTH_PORT: Final = 8081
+DEFAULT_METRICS_PORT: Final = 8080
+CERT_FILE_IN_DIR: Final = "tls.crt"
+KEY_FILE_IN_DIR: Final = "tls.key"
+CA_FILE_IN_DIR: Final = "ca.crt"
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorOptions:
+    """Everything the operator process is told at start-up."""
+
+    namespace: str = DEFAULT_NAMESPACE
+    """Where the daemon DaemonSet and the operator's events live."""
+    kubeconfig: Path | None = None
+    """A kubeconfig file; None means in-cluster, else $KUBECONFIG / ~/.kube/config."""
+    cluster_name: str = ""
+    """Reconcile only the ThunderCluster of this name ("" = the oldest one)."""
+    standalone: bool = False
+    peering_name: str = DEFAULT_PEERING_NAME
+    peering_priority: int = 0
+    peering_lifetime: int = 60
+    daemon_service_account: str = DEFAULT_DAEMON_SERVICE_ACCOUNT
+    health_host: str = "0.0.0.0"  # noqa: S104 - probes come from the kubelet over the pod IP
+    health_port: int = DEFAULT_HEALTH_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT
+    webhook_port: int = 0
+    """0 disables the webhook server."""
+    webhook_listen: str = "0.0.0.0"  # noqa: S104 - the apiserver reaches it through a Service
+    webhook_host: str = ""
+    """Name the apiserver uses to reach the webhook; goes into a self-signed certificate."""
+    webhook_cert_file: Path | None = None
+    webhook_key_file: Path | None = None
+    webhook_ca_file: Path | None = None
+    webhook_ca_dump: Path | None = None
+    """Where to write the CA bundle clients must trust (self-signed or given)."""
+    log_level: str = "info"
+    log_format: str = "auto"
+    write_concurrency: int = 8
+    orphan_grace_period_override: timedelta | None = None
+
+    @property
+    def webhook_enabled(self) -> bool:
+        return self.webhook_port > 0
+
+
+def _env(environ: Mapping[str, str], *names: str, default: str = "") -> str:
+    for name in names:
+        value = environ.get(name)
+        if value:
+            return value
+    return default
+
+
+def _port(value: str) -> int:
+    port = int(value)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {value}")
+    return port
+
+
+def _duration(value: str) -> timedelta:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def default_priority(now: float | None = None) -> int:
+    """A peering priority that favours the replica that started first.
+
+    kopf pauses every replica that sees a live peer of higher priority, and all of
+    them when priorities tie. Older processes get higher numbers, so a replica that
+    joins during a rolling update waits for the incumbent to leave instead of taking
+    over in the middle of a pass; the random low digits break ties between replicas
+    started in the same second.
+    """
+    started = int(time.time() if now is None else now)
+    return (10**10 - started) * 1000 + random.randrange(1000)  # noqa: S311 - tie-breaker
+
+
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    env = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(
+        prog="thunder-operator",
+        description=(
+            "Thunder DRA operator: publishes Thunder inventory as ResourceSlices and "
+            "DeviceClasses, runs the node daemon DaemonSet, reaps orphaned Clients and "
+            "serves the validating webhook."
+        ),
+    )
+    parser.add_argument(
+        "--namespace",
+        default=_env(env, "THUNDER_DRA_NAMESPACE", "THUNDER_NAMESPACE", default=DEFAULT_NAMESPACE),
+        help="namespace of the daemon DaemonSet and of events "
+        "(env THUNDER_DRA_NAMESPACE or THUNDER_NAMESPACE; default %(default)s)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=Path(env["KUBECONFIG"]) if env.get("KUBECONFIG") else None,
+        help="kubeconfig file (env KUBECONFIG); in-cluster configuration when absent",
+    )
+    parser.add_argument(
+        "--cluster-name",
+        default=_env(env, "THUNDER_CLUSTER_NAME"),
+        help="reconcile only the ThunderCluster of this name (env THUNDER_CLUSTER_NAME); "
+        "by default the oldest ThunderCluster is reconciled and any other is reported",
+    )
+    peering = parser.add_mutually_exclusive_group()
+    peering.add_argument(
+        "--standalone",
+        action="store_true",
+        default=_env(env, "THUNDER_STANDALONE") in ("1", "true"),
+        help="run without kopf peering (a single replica; env THUNDER_STANDALONE=1)",
+    )
+    peering.add_argument(
+        "--peering",
+        dest="peering_name",
+        default=_env(env, "THUNDER_PEERING_NAME", default=DEFAULT_PEERING_NAME),
+        help="ClusterKopfPeering object the replicas coordinate through "
+        "(env THUNDER_PEERING_NAME; default %(default)s)",
+    )
+    parser.add_argument(
+        "--peering-priority",
+        type=int,
+        default=int(_env(env, "THUNDER_PEERING_PRIORITY", default="0")) or None,
+        help="kopf peering priority (default: higher for replicas that started earlier)",
+    )
+    parser.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=int(_env(env, "THUNDER_PEERING_LIFETIME", default="60")),
+        help="seconds a replica's keep-alive stays valid (default %(default)s)",
+    )
+    parser.add_argument(
+        "--daemon-service-account",
+        default=_env(env, "THUNDER_DAEMON_SERVICE_ACCOUNT", default=DEFAULT_DAEMON_SERVICE_ACCOUNT),
+        help="ServiceAccount of the daemon pods (env THUNDER_DAEMON_SERVICE_ACCOUNT)",
+    )
+    parser.add_argument(
+        "--health-port",
+        type=_port,
+        default=_port(_env(env, "THUNDER_HEALTH_PORT", default=str(DEFAULT_HEALTH_PORT))),
+        help="port of /healthz and /readyz (env THUNDER_HEALTH_PORT; default %(default)s)",
+    )
+    parser.add_argument(
+        "--health-host",
+        default="0.0.0.0",  # noqa: S104 - the kubelet probes over the pod IP
+        help="address the probe and metrics servers listen on (default %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=_port(_env(env, "THUNDER_METRICS_PORT", default=str(DEFAULT_METRICS_PORT))),
+        help="port of /metrics (env THUNDER_METRICS_PORT; default %(default)s); "
+        "may equal --health-port",
+    )
+    parser.add_argument(
+        "--webhook-port",
+        type=_port,
+        default=_port(_env(env, "THUNDER_WEBHOOK_PORT", default="0")),
+        help="serve the validating webhook over TLS on this port (env THUNDER_WEBHOOK_PORT); "
+        "0 (default) disables it",
+    )
+    parser.add_argument(
+        "--webhook-listen",
+        default=_env(env, "THUNDER_WEBHOOK_LISTEN", default="0.0.0.0"),  # noqa: S104
+        help="address the webhook listens on (default %(default)s)",
+    )
+    parser.add_argument(
+        "--webhook-host",
+        default=_env(env, "THUNDER_WEBHOOK_HOST"),
+        help="host name or IP the apiserver uses for the webhook; with no certificate "
+        "given, a self-signed one is made for it",
+    )
+    cert_dir = _env(env, "THUNDER_WEBHOOK_CERT_DIR")
+    parser.add_argument(
+        "--webhook-cert-dir",
+        type=Path,
+        default=Path(cert_dir) if cert_dir else None,
+        help=f"directory holding {CERT_FILE_IN_DIR}, {KEY_FILE_IN_DIR} and optionally "
+        f"{CA_FILE_IN_DIR} (env THUNDER_WEBHOOK_CERT_DIR, a mounted kubernetes.io/tls Secret)",
+    )
+    parser.add_argument("--webhook-cert-file", type=Path, help="webhook serving certificate")
+    parser.add_argument("--webhook-key-file", type=Path, help="webhook serving key")
+    parser.add_argument("--webhook-ca-file", type=Path, help="CA bundle clients trust")
+    parser.add_argument(
+        "--webhook-ca-dump", type=Path, help="write the CA bundle clients must trust to this file"
+    )
+    parser.add_argument(
+        "--log-level",
+        default=_env(env, "THUNDER_LOG_LEVEL", default="info"),
+        choices=("debug", "info", "warning", "error"),
+        help="(env THUNDER_LOG_LEVEL; default %(default)s)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=_env(env, "THUNDER_LOG_FORMAT", default="auto"),
+        choices=("auto", "json", "text"),
+        help="json, text, or auto: json unless stderr is a terminal (env THUNDER_LOG_FORMAT)",
+    )
+    parser.add_argument(
+        "--write-concurrency",
+        type=int,
+        default=int(_env(env, "THUNDER_WRITE_CONCURRENCY", default="8")),
+        help="most Kubernetes writes in flight while publishing (default %(default)s)",
+    )
+    parser.add_argument(
+        "--orphan-grace-period-override", type=_duration, default=None, help=argparse.SUPPRESS
+    )
+    return parser
+
+
+def parse_options(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> OperatorOptions:
+    parser = build_parser(environ)
+    args = parser.parse_args(argv)
+    cert_file, key_file, ca_file = (
+        args.webhook_cert_file,
+        args.webhook_key_file,
+        args.webhook_ca_file,
+    )
+    if args.webhook_cert_dir is not None:
+        cert_file = cert_file or args.webhook_cert_dir / CERT_FILE_IN_DIR
+        key_file = key_file or args.webhook_cert_dir / KEY_FILE_IN_DIR
+        bundled_ca = args.webhook_cert_dir / CA_FILE_IN_DIR
+        if ca_file is None and bundled_ca.is_file():
+            ca_file = bundled_ca
+    if (cert_file is None) != (key_file is None):
+        parser.error("--webhook-cert-file and --webhook-key-file go together")
+    if args.write_concurrency < 1:
+        parser.error("--write-concurrency must be at least 1")
+    return OperatorOptions(
+        namespace=args.namespace,
+        kubeconfig=args.kubeconfig,
+        cluster_name=args.cluster_name,
+        standalone=args.standalone,
+        peering_name=args.peering_name,
+        peering_priority=args.peering_priority or default_priority(),
+        peering_lifetime=args.peering_lifetime,
+        daemon_service_account=args.daemon_service_account,
+        health_host=args.health_host,
+        health_port=args.health_port,
+        metrics_port=args.metrics_port,
+        webhook_port=args.webhook_port,
+        webhook_listen=args.webhook_listen,
+        webhook_host=args.webhook_host,
+        webhook_cert_file=cert_file,
+        webhook_key_file=key_file,
+        webhook_ca_file=ca_file,
+        webhook_ca_dump=args.webhook_ca_dump,
+        log_level=args.log_level,
+        log_format=args.log_format,
+        write_concurrency=args.write_concurrency,
+        orphan_grace_period_override=args.orphan_grace_period_override,
+    )

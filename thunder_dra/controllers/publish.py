@@ -1,0 +1,315 @@
+"""Plan and apply the ResourceSlice and DeviceClass writes of one inventory pass.
+
+The plan is the pure `diff` module's, made pool by pool in batches instead of in one
+`plan_inventory` call: a whole plan for a first publish holds every slice body at once
+(128,000 devices as dicts for the benchmark's inventory), far beyond the operator's
+memory budget, while a batch holds a few thousand. The result is the same plan in the
+same order as `plan_inventory(...).ordered()`, which a unit test checks:
+
+1. DeviceClass creates and updates (a class exists before its devices);
+2. ResourceSlice creates, updates and replaces, batch by batch;
+3. ResourceSlice deletes (the batches' own, then those of pools no longer desired);
+4. DeviceClass deletes (a class outlives its devices).
+
+Writes within a step run concurrently (bounded). A 409 (the object changed since it
+was listed, or appeared meanwhile) is not an error: the pass reports a conflict and the
+next pass, made right away, plans against fresh objects. Every DeviceClass written is
+checked for a silently dropped `extendedResourceName` (DRAExtendedResource off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from thunder_dra.controllers.deviceclasses import (
+    DesiredDeviceClass,
+    extended_resource_name_dropped,
+)
+from thunder_dra.controllers.diff import (
+    Action,
+    Create,
+    Delete,
+    Replace,
+    Update,
+    plan_device_classes,
+    plan_resource_slices,
+)
+from thunder_dra.controllers.kubeapi import DEVICE_CLASSES, RESOURCE_SLICES, KubeApi, KubeError
+from thunder_dra.controllers.slices import DesiredPool
+from thunder_dra.kube import naming
+
+BATCH_DEVICES: Final = 4096
+"""Devices planned (and held as request bodies) at a time."""
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PublishOutcome:
+    """What one publish did."""
+
+    writes: int = 0
+    conflicts: int = 0
+    errors: list[str] = field(default_factory=list)
+    added_pools: list[str] = field(default_factory=list)
+    resized_pools: list[tuple[str, int, int]] = field(default_factory=list)
+    removed_pools: list[str] = field(default_factory=list)
+    kept_pools: list[str] = field(default_factory=list)
+    added_classes: list[str] = field(default_factory=list)
+    updated_classes: list[str] = field(default_factory=list)
+    removed_classes: list[str] = field(default_factory=list)
+    extended_resource_dropped: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return self.writes > 0
+
+
+def _pool_of(obj: Mapping[str, Any]) -> str:
+    return str(((obj.get("spec") or {}).get("pool") or {}).get("name", ""))
+
+
+def _gpu_type_label(obj: Mapping[str, Any]) -> str | None:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    label = labels.get(naming.LABEL_GPU_TYPE)
+    return label if isinstance(label, str) else None
+
+
+def batches(
+    pools: Sequence[DesiredPool], budget: int = BATCH_DEVICES
+) -> Iterator[list[DesiredPool]]:
+    """Consecutive runs of pools with at most `budget` devices (a bigger pool alone)."""
+    batch: list[DesiredPool] = []
+    held = 0
+    for pool in pools:
+        size = len(pool.devices)
+        if batch and held + size > budget:
+            yield batch
+            batch, held = [], 0
+        batch.append(pool)
+        held += size
+    if batch:
+        yield batch
+
+
+@dataclass(frozen=True, slots=True)
+class ClassPlan:
+    """The DeviceClass actions and the ResourceSlice deletes of pools no longer desired."""
+
+    class_actions: tuple[Action, ...]
+    retired_slice_actions: tuple[Action, ...]
+    kept_pools: frozenset[str]
+
+
+def plan_outside_batches(
+    pools: Sequence[DesiredPool],
+    classes: Sequence[DesiredDeviceClass],
+    existing_by_pool: Mapping[str, Sequence[Mapping[str, Any]]],
+    existing_classes: Sequence[Mapping[str, Any]],
+    *,
+    inventory_available: bool,
+    unavailable_zones: Collection[str],
+    extended_resource_supported: bool,
+) -> ClassPlan:
+    """Everything `plan_inventory` decides besides the desired pools' own slices."""
+    desired = {pool.name for pool in pools}
+    retired = [
+        obj for name, objs in existing_by_pool.items() if name not in desired for obj in objs
+    ]
+    retired_plan = plan_resource_slices(
+        [],
+        retired,
+        inventory_available=inventory_available,
+        unavailable_zones=unavailable_zones,
+    )
+    kept_labels = {
+        label
+        for obj in retired
+        if _pool_of(obj) in retired_plan.kept_pools
+        for label in (_gpu_type_label(obj),)
+        if label
+    }
+    class_actions = plan_device_classes(
+        classes,
+        existing_classes,
+        inventory_available=inventory_available,
+        keep_type_labels=kept_labels,
+        extended_resource_supported=extended_resource_supported,
+    )
+    return ClassPlan(class_actions, retired_plan.actions, retired_plan.kept_pools)
+
+
+def group_by_pool(
+    existing_slices: Sequence[Mapping[str, Any]],
+) -> dict[str, list[Mapping[str, Any]]]:
+    grouped: defaultdict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for obj in existing_slices:
+        grouped[_pool_of(obj)].append(obj)
+    return dict(grouped)
+
+
+def slice_actions_in_batches(
+    pools: Sequence[DesiredPool],
+    existing_by_pool: Mapping[str, Sequence[Mapping[str, Any]]],
+    budget: int = BATCH_DEVICES,
+) -> Iterator[tuple[list[Action], list[Action]]]:
+    """(writes, deletes) of the desired pools' own slices, a batch at a time."""
+    for batch in batches(pools, budget):
+        existing = [obj for pool in batch for obj in existing_by_pool.get(pool.name, ())]
+        plan = plan_resource_slices(batch, existing)
+        writes: list[Action] = [a for a in plan.actions if not isinstance(a, Delete)]
+        deletes: list[Action] = [a for a in plan.actions if isinstance(a, Delete)]
+        yield writes, deletes
+
+
+Step = tuple[str, list[Action]]
+"""A group of writes that may run concurrently: (phase, actions)."""
+
+
+def plan_steps(
+    pools: Sequence[DesiredPool],
+    outside: ClassPlan,
+    existing_by_pool: Mapping[str, Sequence[Mapping[str, Any]]],
+    budget: int = BATCH_DEVICES,
+) -> Iterator[Step]:
+    """The plan as steps in `plan_inventory(...).ordered()` order, made lazily batch by batch.
+
+    Phases: class-writes, slice-writes (one step per batch), slice-deletes, class-deletes.
+    """
+    yield "class-writes", [a for a in outside.class_actions if not isinstance(a, Delete)]
+    deferred: list[Action] = []
+    for writes, deletes in slice_actions_in_batches(pools, existing_by_pool, budget):
+        yield "slice-writes", writes
+        deferred.extend(deletes)
+    yield "slice-deletes", [*deferred, *outside.retired_slice_actions]
+    yield "class-deletes", [a for a in outside.class_actions if isinstance(a, Delete)]
+
+
+class Publisher:
+    """Applies planned actions against the API server."""
+
+    def __init__(self, kube: KubeApi, concurrency: int) -> None:
+        self._kube = kube
+        self._gate = asyncio.Semaphore(concurrency)
+
+    async def publish(
+        self,
+        pools: Sequence[DesiredPool],
+        classes: Sequence[DesiredDeviceClass],
+        existing_slices: Sequence[Mapping[str, Any]],
+        existing_classes: Sequence[Mapping[str, Any]],
+        current_devices: Mapping[str, Collection[str]],
+        *,
+        inventory_available: bool = True,
+        unavailable_zones: Collection[str] = (),
+        extended_resource_supported: bool = True,
+    ) -> PublishOutcome:
+        outcome = PublishOutcome()
+        by_pool = group_by_pool(existing_slices)
+        outside = await asyncio.to_thread(
+            plan_outside_batches,
+            pools,
+            classes,
+            by_pool,
+            existing_classes,
+            inventory_available=inventory_available,
+            unavailable_zones=unavailable_zones,
+            extended_resource_supported=extended_resource_supported,
+        )
+        outcome.kept_pools = sorted(outside.kept_pools)
+        for pool in pools:
+            before = len(current_devices.get(pool.name, ()))
+            if pool.name not in by_pool:
+                outcome.added_pools.append(pool.name)
+            elif before != len(pool.devices):
+                outcome.resized_pools.append((pool.name, before, len(pool.devices)))
+        desired = {pool.name for pool in pools}
+        outcome.removed_pools = sorted(
+            name for name in by_pool if name not in desired and name not in outside.kept_pools
+        )
+        class_writes = [a for a in outside.class_actions if not isinstance(a, Delete)]
+        class_deletes = [a for a in outside.class_actions if isinstance(a, Delete)]
+        outcome.added_classes = [a.name for a in class_writes if isinstance(a, Create)]
+        outcome.updated_classes = [a.name for a in class_writes if not isinstance(a, Create)]
+        outcome.removed_classes = [a.name for a in class_deletes]
+
+        # Planning a batch is pure CPU work (comparing every device of its pools); it runs
+        # in a worker thread so probes, metrics and watches stay served meanwhile.
+        steps = plan_steps(pools, outside, by_pool)
+        while (step := await asyncio.to_thread(next, steps, None)) is not None:
+            await self._apply_all(step[1], outcome)
+        return outcome
+
+    async def _apply_all(self, actions: Sequence[Action], outcome: PublishOutcome) -> None:
+        if actions:
+            await asyncio.gather(*(self._gated(self._apply(a, outcome)) for a in actions))
+
+    async def _gated(self, work: Awaitable[None]) -> None:
+        async with self._gate:
+            await work
+
+    async def _apply(self, action: Action, outcome: PublishOutcome) -> None:
+        path = RESOURCE_SLICES if action.kind == "ResourceSlice" else DEVICE_CLASSES
+        resource = path.plural
+        try:
+            if isinstance(action, Create):
+                stored = await self._kube.create(path.collection(), action.body, resource=resource)
+                outcome.writes += 1
+                self._check_class(action.body, stored, outcome)
+            elif isinstance(action, Update):
+                stored = await self._kube.replace(
+                    path.item(action.name), action.body, resource=resource
+                )
+                outcome.writes += 1
+                self._check_class(action.body, stored, outcome)
+            elif isinstance(action, Replace):
+                await self._kube.delete(
+                    path.item(action.name),
+                    resource=resource,
+                    resource_version=action.resource_version,
+                )
+                outcome.writes += 1
+                stored = await self._kube.create(path.collection(), action.body, resource=resource)
+                outcome.writes += 1
+            else:
+                await self._kube.delete(
+                    path.item(action.name),
+                    resource=resource,
+                    resource_version=action.resource_version,
+                )
+                outcome.writes += 1
+        except KubeError as exc:
+            if exc.conflict or (exc.not_found and isinstance(action, Update)):
+                outcome.conflicts += 1
+                _log.info(
+                    "object changed while publishing; the next pass replans",
+                    extra={"kind": action.kind, "object": action.name, "error": exc.message},
+                )
+                return
+            outcome.errors.append(f"{_verb(action)} {action.kind} {action.name}: {exc}")
+            _log.error(
+                "write failed",
+                extra={"kind": action.kind, "object": action.name, "error": str(exc)},
+            )
+
+    @staticmethod
+    def _check_class(
+        sent: Mapping[str, Any], stored: Mapping[str, Any], outcome: PublishOutcome
+    ) -> None:
+        if sent.get("kind") == "DeviceClass" and extended_resource_name_dropped(sent, stored):
+            outcome.extended_resource_dropped = True
+
+
+def _verb(action: Action) -> str:
+    names: dict[type[Any], str] = {
+        Create: "create",
+        Update: "update",
+        Replace: "replace",
+        Delete: "delete",
+    }
+    return names[type(action)]
