@@ -7,8 +7,12 @@ For every pod the scheduler binds to the node it resolves the pod's claims,
 requires them allocated and reserved for the pod, calls NodePrepareResources
 on the claim's driver (45 s), and only then marks the pod Running. When a pod
 is deleted it calls NodeUnprepareResources for claims no other local pod uses
-and removes the pod. Failed calls are retried with backoff, as the kubelet
-does. The CDI device IDs each claim got are recorded for tests to inspect.
+(including claims whose prepare failed: the kubelet records a claim before
+preparing it) and removes the pod. Failed calls are retried with backoff, as the
+kubelet does. A registration socket deleted and created again (a restarted plugin)
+is registered again, and a call goes to the newest registration that answers,
+falling back to older ones (the kubelet prefers connected endpoints). The CDI
+device IDs each claim got are recorded for tests to inspect.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import logging
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +53,9 @@ class Plugin:
     version: str
     registration_socket: str
     registered_at: float
+    # (inode, ctime) of the registration socket: a socket deleted and created again is a
+    # new plugin instance to the kubelet (it re-registers on the fsnotify create event).
+    socket_identity: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -132,15 +139,21 @@ class KubeletStandIn:
             if entry.name.startswith("."):
                 continue
             try:
-                if not stat.S_ISSOCK(entry.stat().st_mode):
-                    continue
+                info = entry.stat()
             except FileNotFoundError:
                 continue
-            path = str(entry)
-            present.add(path)
-            if self._known(path) or self._rejected.get(path, 0) > time.monotonic():
+            if not stat.S_ISSOCK(info.st_mode):
                 continue
-            self._register(path)
+            path = str(entry)
+            identity = (info.st_ino, info.st_ctime_ns)
+            present.add(path)
+            known = self._known(path)
+            if known is not None and known.socket_identity != identity:
+                self._forget(path)
+                known = None
+            if known is not None or self._rejected.get(path, 0) > time.monotonic():
+                continue
+            self._register(path, identity)
         with self._lock:
             for driver, plugins in list(self.plugins.items()):
                 kept = [p for p in plugins if p.registration_socket in present]
@@ -149,10 +162,23 @@ class KubeletStandIn:
                 else:
                     del self.plugins[driver]
 
-    def _known(self, socket_path: str) -> bool:
-        return any(p.registration_socket == socket_path for ps in self.plugins.values() for p in ps)
+    def _known(self, socket_path: str) -> Plugin | None:
+        for plugins in self.plugins.values():
+            for plugin in plugins:
+                if plugin.registration_socket == socket_path:
+                    return plugin
+        return None
 
-    def _register(self, socket_path: str) -> None:
+    def _forget(self, socket_path: str) -> None:
+        with self._lock:
+            for driver, plugins in list(self.plugins.items()):
+                kept = [p for p in plugins if p.registration_socket != socket_path]
+                if kept:
+                    self.plugins[driver] = kept
+                else:
+                    del self.plugins[driver]
+
+    def _register(self, socket_path: str, identity: tuple[int, int] = (0, 0)) -> None:
         with grpc.insecure_channel(f"unix:{socket_path}") as channel:
             stub = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
             try:
@@ -173,7 +199,7 @@ class KubeletStandIn:
                 return
             version = next(v for v in info.supported_versions if v in SUPPORTED_DRA)
             endpoint = info.endpoint or socket_path
-            plugin = Plugin(info.name, endpoint, version, socket_path, time.monotonic())
+            plugin = Plugin(info.name, endpoint, version, socket_path, time.monotonic(), identity)
             with self._lock:
                 self.plugins.setdefault(info.name, []).append(plugin)
             try:
@@ -204,12 +230,17 @@ class KubeletStandIn:
 
     def endpoint_for(self, driver: str) -> Plugin | None:
         """The newest registration of a driver whose endpoint is still there, as the kubelet."""
+        candidates = self._candidates(driver)
+        return candidates[0] if candidates else None
+
+    def _candidates(self, driver: str) -> list[Plugin]:
+        """A driver's registrations in the kubelet's order of preference: newest first,
+        those whose endpoint still exists before the others."""
         with self._lock:
             plugins = list(self.plugins.get(driver, []))
-        for plugin in sorted(plugins, key=lambda p: p.registered_at, reverse=True):
-            if Path(plugin.endpoint).exists():
-                return plugin
-        return plugins[-1] if plugins else None
+        newest = sorted(plugins, key=lambda p: p.registered_at, reverse=True)
+        present = [p for p in newest if Path(p.endpoint).exists()]
+        return present + [p for p in newest if p not in present]
 
     def wait_registered(self, driver: str, timeout: float = 30.0) -> Plugin:
         deadline = time.monotonic() + timeout
@@ -278,16 +309,18 @@ class KubeletStandIn:
             drivers = {r["driver"] for r in allocation.get("devices", {}).get("results") or []}
             for driver in drivers:
                 by_driver.setdefault(driver, []).append(claim)
-        for driver, claims in by_driver.items():
-            answers = self._prepare(driver, claims)
-            for claim in claims:
-                claim_uid = claim["metadata"]["uid"]
-                record.claims[claim_uid] = answers[claim_uid]
-                record.claim_refs[claim_uid] = (
+                # Recorded before the call, as the kubelet checkpoints a claim before
+                # preparing it: a pod deleted after a failed or partial prepare still
+                # gets its claims unprepared.
+                record.claim_refs[claim["metadata"]["uid"]] = (
                     claim["metadata"]["namespace"],
                     claim["metadata"]["name"],
                     driver,
                 )
+        for driver, claims in by_driver.items():
+            answers = self._prepare(driver, claims)
+            for claim in claims:
+                record.claims[claim["metadata"]["uid"]] = answers[claim["metadata"]["uid"]]
         self._mark_running(pod)
         record.running = True
 
@@ -300,23 +333,43 @@ class KubeletStandIn:
             raise PrepareError(f"claim {namespace}/{name}: {err.status} {err.reason}") from err
         return dict(claim)
 
-    @contextlib.contextmanager
-    def _dra(self, driver: str) -> Iterator[tuple[Plugin, Any, Any]]:
-        plugin = self.endpoint_for(driver)
-        if plugin is None:
+    def _call(self, driver: str, method: str, build: Callable[[Any], Any]) -> Any:
+        """Call ``method`` with ``build(pb)`` on the preferred endpoint of ``driver``.
+
+        Like the kubelet, which prefers a connected endpoint, an endpoint that does not
+        answer (a plugin killed without removing its socket, mid rolling update) is
+        skipped for the next one.
+        """
+        candidates = self._candidates(driver)
+        if not candidates:
             raise PrepareError(f"driver {driver} is not registered on {self.node_name}")
-        pb, grpc_mod = (
-            (dra_v1_pb2, dra_v1_pb2_grpc)
-            if plugin.version == "v1.DRAPlugin"
-            else (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)
-        )
-        with grpc.insecure_channel(f"unix:{plugin.endpoint}") as channel:
-            yield plugin, pb, grpc_mod.DRAPluginStub(channel)
+        failure: grpc.RpcError | None = None
+        for plugin in candidates:
+            pb, grpc_mod = (
+                (dra_v1_pb2, dra_v1_pb2_grpc)
+                if plugin.version == "v1.DRAPlugin"
+                else (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)
+            )
+            with grpc.insecure_channel(f"unix:{plugin.endpoint}") as channel:
+                stub = grpc_mod.DRAPluginStub(channel)
+                try:
+                    return getattr(stub, method)(build(pb), timeout=PREPARE_TIMEOUT)
+                except grpc.RpcError as err:
+                    if err.code() != grpc.StatusCode.UNAVAILABLE:
+                        raise PrepareError(
+                            f"{method} to {driver} failed: {err.code()} {err.details()}"
+                        ) from err
+                    failure = err
+        assert failure is not None
+        raise PrepareError(f"{method} to {driver} failed: {failure.code()} {failure.details()}")
 
     def _prepare(self, driver: str, claims: list[dict[str, Any]]) -> dict[str, list[str]]:
         uids = [c["metadata"]["uid"] for c in claims]
-        with self._dra(driver) as (_, pb, stub):
-            request = pb.NodePrepareResourcesRequest(
+        self.calls.append(("NodePrepareResources", driver, uids))
+        response = self._call(
+            driver,
+            "NodePrepareResources",
+            lambda pb: pb.NodePrepareResourcesRequest(
                 claims=[
                     pb.Claim(
                         namespace=c["metadata"]["namespace"],
@@ -325,14 +378,8 @@ class KubeletStandIn:
                     )
                     for c in claims
                 ]
-            )
-            self.calls.append(("NodePrepareResources", driver, uids))
-            try:
-                response = stub.NodePrepareResources(request, timeout=PREPARE_TIMEOUT)
-            except grpc.RpcError as err:
-                raise PrepareError(
-                    f"NodePrepareResources to {driver} failed: {err.code()} {err.details()}"
-                ) from err
+            ),
+        )
         answers: dict[str, list[str]] = {}
         for claim in claims:
             claim_uid = claim["metadata"]["uid"]
@@ -390,7 +437,7 @@ class KubeletStandIn:
             claim_uid
             for other in self.pods.values()
             if other.uid != record.uid
-            for claim_uid in other.claims
+            for claim_uid in other.claim_refs
         }
         by_driver: dict[str, list[tuple[str, str, str]]] = {}
         for claim_uid, (namespace, name, driver) in record.claim_refs.items():
@@ -400,17 +447,14 @@ class KubeletStandIn:
             self._unprepare(driver, refs)
 
     def _unprepare(self, driver: str, refs: list[tuple[str, str, str]]) -> None:
-        with self._dra(driver) as (_, pb, stub):
-            request = pb.NodeUnprepareResourcesRequest(
+        self.calls.append(("NodeUnprepareResources", driver, [uid for _, _, uid in refs]))
+        response = self._call(
+            driver,
+            "NodeUnprepareResources",
+            lambda pb: pb.NodeUnprepareResourcesRequest(
                 claims=[pb.Claim(namespace=ns, uid=uid, name=name) for ns, name, uid in refs]
-            )
-            self.calls.append(("NodeUnprepareResources", driver, [uid for _, _, uid in refs]))
-            try:
-                response = stub.NodeUnprepareResources(request, timeout=PREPARE_TIMEOUT)
-            except grpc.RpcError as err:
-                raise PrepareError(
-                    f"NodeUnprepareResources to {driver} failed: {err.code()} {err.details()}"
-                ) from err
+            ),
+        )
         for ns, name, uid in refs:
             if uid not in response.claims:
                 raise PrepareError(f"{driver} returned no unprepare result for claim {ns}/{name}")

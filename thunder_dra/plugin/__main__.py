@@ -1,0 +1,43 @@
+"""``python -m thunder_dra.plugin`` / ``thunder-daemon``: the node daemon's entry point.
+
+Exit status: 0 after a clean shutdown (SIGTERM), 1 when the daemon cannot start (the
+reason is the last line on stderr, prefixed ``thunder-daemon:``), 2 for bad flags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from thunder_dra.plugin.config import ConfigError, parse_config
+from thunder_dra.plugin.daemon import Daemon, StartupError
+from thunder_dra.plugin.logs import configure_logging
+from thunder_dra.plugin.node import NodeSetupError
+
+log = logging.getLogger("thunder_dra.plugin")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse_config(argv, os.environ)
+    except ConfigError as err:
+        print(f"thunder-daemon: {err}", file=sys.stderr)
+        return 1
+    scrubber = configure_logging(config.log_level, config.log_format)
+    scrubber.add(config.api_token)
+    try:
+        asyncio.run(Daemon(config, scrubber).run())
+    except (NodeSetupError, StartupError, ValueError) as err:
+        log.error("daemon cannot start", extra={"error": str(err)})
+        print(f"thunder-daemon: {scrubber.scrub(str(err))}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

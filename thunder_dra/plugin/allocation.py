@@ -1,0 +1,263 @@
+"""From a ResourceClaim's allocation to what Thunder needs: zone, GPU model (as Thunder
+spells it) and count, plus who consumes the claim.
+
+The allocation names devices by driver, pool and device only. Pools are named
+``<zone label>/<type label>`` (normalised DNS labels), so Thunder's own spelling of the
+zone and the model cannot be read back from the name (thunder-api.md 7.5). The daemon
+reads it from the pool's ResourceSlices, as the operator publishes them
+(``thunder_dra.controllers.slices``): the slice annotations
+``thundercompute.com/thunder-zone`` and ``thundercompute.com/thunder-gpu-type`` carry the
+exact spellings (the device attributes ``thundercompute.com/zone`` and
+``thundercompute.com/gpu_type`` are the fallback). Slices are selected by driver and
+model label, then by pool name and its newest generation; answers are cached briefly,
+since a pool name keeps its meaning for as long as the pool exists.
+
+A Thunder client is enrolled for one zone and one model, so a claim whose devices of this
+driver come from two pools is refused with a clear error rather than half-served.
+
+The zone's Thunder ID is resolved by display name (2.1: the smallest ID among duplicates)
+and cached for a few seconds, so a burst of claims lists zones once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from thunder_dra.kube import naming
+from thunder_dra.plugin.kubeapi import KubeApi, KubeError
+from thunder_dra.plugin.metrics import ErrorReason
+from thunder_dra.thunder import ThunderClient, ThunderError
+
+ZONE_ID_TTL = 30.0
+VIRT_LAUNCHER_LABEL = ("kubevirt.io", "virt-launcher")
+VM_NAME_LABELS = ("vm.kubevirt.io/name", "kubevirt.io/domain")
+# Keys a claim may pass in an opaque device config for this driver.
+_OPAQUE_KEYS = frozenset({"apiVersion", "kind", "ldPreload"})
+
+
+class ClaimError(Exception):
+    """A claim cannot be prepared as it stands; ``reason`` is the metric label."""
+
+    def __init__(self, message: str, reason: ErrorReason = ErrorReason.CLAIM) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    request: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True)
+class ClaimAllocation:
+    namespace: str
+    name: str
+    uid: str
+    pool: str
+    devices: tuple[AllocatedDevice, ...]
+    reserved_pods: tuple[str, ...]
+    preload: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class PoolIdentity:
+    zone_name: str
+    gpu_type: str  # exactly as Thunder spells it
+
+
+def _base_request(name: str) -> str:
+    # A prioritized-list allocation names "<request>/<subrequest>"; containers refer to
+    # the request itself.
+    return name.split("/", 1)[0]
+
+
+def _preload(config: list[Mapping[str, Any]], driver: str) -> bool:
+    preload = True
+    for entry in config:
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        parameters = opaque.get("parameters")
+        if parameters is None:
+            continue
+        if not isinstance(parameters, dict):
+            raise ClaimError(f"opaque parameters for {driver} must be an object")
+        unknown = sorted(set(parameters) - _OPAQUE_KEYS)
+        if unknown:
+            raise ClaimError(
+                f"unknown opaque parameter(s) {unknown} for {driver}; supported: ldPreload"
+            )
+        value = parameters.get("ldPreload", True)
+        if not isinstance(value, bool):
+            raise ClaimError("opaque parameter ldPreload must be true or false")
+        preload = preload and value
+    return preload
+
+
+def parse_claim(claim: Mapping[str, Any], uid: str, driver: str) -> ClaimAllocation:
+    """The part of a ResourceClaim this driver prepares; raises :class:`ClaimError`."""
+    metadata = claim.get("metadata") or {}
+    namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
+    if metadata.get("uid") != uid:
+        raise ClaimError(
+            f"has UID {metadata.get('uid')}, the kubelet asked for {uid} "
+            "(the claim was deleted and re-created)"
+        )
+    status = claim.get("status") or {}
+    allocation = status.get("allocation")
+    if not allocation:
+        raise ClaimError("not allocated (status.allocation is empty)")
+    devices = allocation.get("devices") or {}
+    ours = [r for r in devices.get("results") or [] if r.get("driver") == driver]
+    if not ours:
+        raise ClaimError(f"no device of driver {driver} is allocated")
+    allocated = tuple(
+        AllocatedDevice(_base_request(str(r.get("request", ""))), str(r["pool"]), str(r["device"]))
+        for r in ours
+    )
+    pools = sorted({d.pool for d in allocated})
+    if len(pools) != 1:
+        raise ClaimError(
+            f"devices come from {len(pools)} pools ({', '.join(pools)}); "
+            "a Thunder client serves one zone and one GPU model, so request one model per claim",
+            ErrorReason.POOL,
+        )
+    reserved = tuple(
+        str(r.get("name"))
+        for r in status.get("reservedFor") or []
+        if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("name")
+    )
+    return ClaimAllocation(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        pool=pools[0],
+        devices=allocated,
+        reserved_pods=reserved,
+        preload=_preload(list(devices.get("config") or []), driver),
+    )
+
+
+def is_virt_launcher(pod: Mapping[str, Any]) -> bool:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    key, value = VIRT_LAUNCHER_LABEL
+    return bool(labels.get(key) == value)
+
+
+def vm_name(pod: Mapping[str, Any]) -> str:
+    metadata = pod.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    for key in VM_NAME_LABELS:
+        if labels.get(key):
+            return str(labels[key])
+    return str(metadata.get("name", ""))
+
+
+def _newest(slices: Sequence[Mapping[str, Any]], pool: str) -> list[Mapping[str, Any]]:
+    ours = [s for s in slices if ((s.get("spec") or {}).get("pool") or {}).get("name") == pool]
+    if not ours:
+        return []
+    newest = max(int(s["spec"]["pool"].get("generation") or 0) for s in ours)
+    return [s for s in ours if int(s["spec"]["pool"].get("generation") or 0) == newest]
+
+
+def identity_from_slices(slices: Sequence[Mapping[str, Any]], pool: str) -> PoolIdentity | None:
+    """Zone and model spellings of ``pool`` from its newest slices, or None."""
+    for piece in _newest(slices, pool):
+        annotations = (piece.get("metadata") or {}).get("annotations") or {}
+        zone = annotations.get(naming.ANNOTATION_ZONE)
+        model = annotations.get(naming.ANNOTATION_GPU_TYPE)
+        for device in (piece.get("spec") or {}).get("devices") or []:
+            attributes = device.get("attributes") or {}
+            zone = zone or (attributes.get(naming.ATTRIBUTE_ZONE) or {}).get("string")
+            model = model or (attributes.get(naming.ATTRIBUTE_GPU_TYPE) or {}).get("string")
+            break
+        if zone and model:
+            return PoolIdentity(zone_name=str(zone), gpu_type=str(model))
+    return None
+
+
+class PoolResolver:
+    """Pool name to :class:`PoolIdentity`, read from ResourceSlices and cached for ``ttl``."""
+
+    def __init__(
+        self,
+        kube: KubeApi,
+        driver: str,
+        *,
+        ttl: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kube = kube
+        self._driver = driver
+        self._ttl = ttl
+        self._clock = clock
+        self._cache: dict[str, tuple[float, PoolIdentity]] = {}
+
+    async def resolve(self, pool: str) -> PoolIdentity:
+        cached = self._cache.get(pool)
+        if cached is not None and self._clock() - cached[0] < self._ttl:
+            return cached[1]
+        zone_label, sep, type_label = pool.partition("/")
+        if not sep or not zone_label or not type_label or "/" in type_label:
+            raise ClaimError(
+                f"pool {pool!r} is not <zone>/<model>: not published by this driver",
+                ErrorReason.POOL,
+            )
+        selector = naming.label_selector(
+            {
+                **naming.component_labels(naming.COMPONENT_RESOURCE_INVENTORY),
+                naming.LABEL_GPU_TYPE: type_label,
+            }
+        )
+        try:
+            slices = await self._kube.list_slices(driver=self._driver, label_selector=selector)
+        except KubeError as err:
+            raise ClaimError(
+                f"reading the slices of pool {pool}: {err}", ErrorReason.KUBERNETES
+            ) from None
+        identity = identity_from_slices(slices, pool)
+        if identity is None:
+            raise ClaimError(
+                f"pool {pool} has no ResourceSlice naming its Thunder zone and GPU model "
+                "(was the model removed from inventory?)",
+                ErrorReason.POOL,
+            )
+        self._cache[pool] = (self._clock(), identity)
+        return identity
+
+
+class ZoneIds:
+    """Zone display name to ID (2.1, smallest ID wins), cached briefly: one list per burst."""
+
+    def __init__(self, thunder: ThunderClient, ttl: float = ZONE_ID_TTL) -> None:
+        self._thunder = thunder
+        self._ttl = ttl
+        self._cache: dict[str, tuple[float, str]] = {}
+
+    async def resolve(self, zone_name: str) -> str:
+        cached = self._cache.get(zone_name)
+        if cached is not None and time.monotonic() - cached[0] < self._ttl:
+            return cached[1]
+        try:
+            zone_id = await self._thunder.resolve_zone(zone_name)
+        except ThunderError as err:
+            raise ClaimError(
+                f"Thunder zone lookup failed: {err}", ErrorReason.THUNDER_ZONE
+            ) from None
+        if zone_id is None:
+            raise ClaimError(f"Thunder has no zone named {zone_name!r}", ErrorReason.THUNDER_ZONE)
+        self._cache[zone_name] = (time.monotonic(), zone_id)
+        return zone_id
+
+    def forget(self, zone_name: str) -> None:
+        self._cache.pop(zone_name, None)

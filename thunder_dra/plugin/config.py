@@ -1,0 +1,282 @@
+"""The daemon's settings: command-line flags and environment, parsed once at start-up.
+
+The operator's DaemonSet passes the flags; secrets and identities come from the
+environment (``THUNDER_API_TOKEN``, ``NODE_NAME``, ``POD_UID``). Everything the daemon
+writes on the node is derived here from four directories (plugin root, registry, CDI,
+state), so ``docs/daemon.md`` and this module describe the same layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from thunder_dra.kube import naming
+from thunder_dra.plugin.cdi import NodeGpuFiles
+from thunder_dra.thunder import DEFAULT_API_URL, DEFAULT_ARTIFACT_BASE_URL, Secret
+
+DEFAULT_TELEMETRY_URL = "https://telemetry.thundercompute.com:2096"
+TOKEN_ENV = "THUNDER_API_TOKEN"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class ConfigError(ValueError):
+    """A flag or environment variable is missing or malformed; the message names it."""
+
+
+@dataclass(frozen=True)
+class ThunderTuning:
+    """Per-request timeout and retry policy of Thunder calls (contract 1)."""
+
+    timeout: float = 30.0
+    max_attempts: int = 5
+    initial_backoff: float = 0.5
+    max_backoff: float = 8.0
+    budget: float = 60.0
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """How often background loops run, in seconds."""
+
+    thunderd_check: float = 30.0
+    enrollment_retry_max: float = 300.0
+    sweep: float = 30.0
+    install_timeout: float = 900.0
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    driver_name: str
+    node_name: str
+    instance_id: str
+    api_url: str
+    artifact_base_url: str
+    telemetry_url: str
+    plugin_dir_root: Path
+    registry_dir: Path
+    cdi_dir: Path
+    state_dir: Path
+    min_driver_version: int
+    thunderd_port_range: tuple[int, int] | None
+    advertised_ip_label: str
+    health_address: str
+    health_port: int
+    host_runner: str
+    host_root: Path
+    host_path_prefix: tuple[Path, ...]
+    host_env: Mapping[str, str]
+    log_level: str
+    log_format: str
+    api_token: Secret = field(repr=False)
+    kubeconfig: Path | None = None
+    pod_namespace: str = ""
+    node_gpu_files: NodeGpuFiles = field(default_factory=NodeGpuFiles)
+    ca_bundle: Path | None = None
+    thunder: ThunderTuning = field(default_factory=ThunderTuning)
+    intervals: Intervals = field(default_factory=Intervals)
+
+    # Everything below is a fixed layout under the four directories.
+
+    @property
+    def plugin_dir(self) -> Path:
+        """``<plugin-dir-root>/<driver>``: the DRA socket lives here."""
+        return self.plugin_dir_root / self.driver_name
+
+    @property
+    def installer_url(self) -> str:
+        return f"{self.artifact_base_url}/install.sh"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.state_dir
+
+    @property
+    def journal_root(self) -> Path:
+        """``<state>/journal/<instance id>/`` per daemon instance."""
+        return self.state_dir / "journal"
+
+    @property
+    def claims_dir(self) -> Path:
+        """``<state>/claims/<claim uid>/config.json``."""
+        return self.state_dir / "claims"
+
+    @property
+    def library_cache_dir(self) -> Path:
+        """``<state>/libthunder/sha256/<digest>/libthunder.so``."""
+        return self.state_dir / "libthunder"
+
+    @property
+    def serialize_lock(self) -> Path:
+        return self.state_dir / "serialize.lock"
+
+    @property
+    def node_enrollment_file(self) -> Path:
+        return self.state_dir / "node-enrollment.json"
+
+
+def _port_range(value: str) -> tuple[int, int] | None:
+    if value in ("", "none"):
+        return None
+    start, sep, end = value.partition("-")
+    if not (sep and start.isdigit() and end.isdigit()):
+        raise argparse.ArgumentTypeError(f"want START-END, got {value!r}")
+    first, last = int(start), int(end)
+    if not 1 <= first <= last <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not within 1-65535 with START <= END")
+    return first, last
+
+
+def _env_pair(value: str) -> tuple[str, str]:
+    name, sep, content = value.partition("=")
+    if not sep or not _ENV_NAME.match(name):
+        raise argparse.ArgumentTypeError(f"want NAME=VALUE, got {value!r}")
+    return name, content
+
+
+def _positive(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return number
+
+
+def _url(value: str) -> str:
+    trimmed = value.strip().rstrip("/")
+    if not trimmed.startswith(("https://", "http://")):
+        raise argparse.ArgumentTypeError(f"must be an http(s) URL, got {value!r}")
+    return trimmed
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="thunder-daemon",
+        description="Thunder DRA kubelet plugin and node enrollment daemon.",
+    )
+    add = parser.add_argument
+    add("--driver-name", default=naming.DRIVER_NAME)
+    add("--api-url", type=_url, default=DEFAULT_API_URL, help="Thunder API base URL")
+    add("--artifact-base-url", type=_url, default=DEFAULT_ARTIFACT_BASE_URL)
+    add("--telemetry-url", type=_url, default=DEFAULT_TELEMETRY_URL)
+    add("--plugin-dir-root", type=Path, default=Path("/var/lib/kubelet/plugins"))
+    add("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"))
+    add("--cdi-dir", type=Path, default=Path("/var/run/cdi"))
+    add("--state-dir", type=Path, default=Path("/var/lib/thunder-dra"))
+    add("--min-driver-version", type=int, default=610)
+    add("--thunderd-port-range", type=_port_range, default=(32000, 32199))
+    add("--advertised-ip-label", default=naming.NODE_LABEL_ADVERTISED_IP)
+    # All interfaces: the kubelet's probes and Prometheus reach the pod IP.
+    add("--health-address", default="0.0.0.0", help="address of /healthz, /readyz, /metrics")  # noqa: S104
+    add("--health-port", type=int, default=8081)
+    add("--host-runner", choices=("nsenter", "local"), default="nsenter")
+    add(
+        "--host-root",
+        type=Path,
+        help="where the host's filesystem is visible (default /proc/1/root with nsenter, / else)",
+    )
+    add("--host-path-prefix", type=Path, action="append", default=[], help="local runner PATH")
+    add("--host-env", type=_env_pair, action="append", default=[], help="NAME=VALUE (local runner)")
+    add("--instance-id", default=None, help="default: $POD_UID")
+    add("--nvidia-smi-path", type=Path, help="host path mounted at /usr/local/bin/nvidia-smi")
+    add("--libcuda-path", type=Path, help="host path of libcuda.so.1 (mounted if present)")
+    add("--libnvidia-ml-path", type=Path, help="host path of libnvidia-ml.so.1")
+    add("--ca-bundle-path", type=Path, help="opt-in: host CA bundle mounted over the image's")
+    add("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    add("--log-format", choices=("auto", "json", "text"), default="auto")
+    add("--thunder-timeout", type=_positive, default=30.0, help="seconds per Thunder request")
+    add("--thunder-retry-attempts", type=int, default=5)
+    add("--thunder-retry-initial-backoff", type=_positive, default=0.5)
+    add("--thunder-retry-max-backoff", type=_positive, default=8.0)
+    add("--thunder-retry-budget", type=_positive, default=60.0)
+    add("--thunderd-check-interval", type=_positive, default=30.0)
+    add("--enrollment-retry-max", type=_positive, default=300.0)
+    add("--sweep-interval", type=_positive, default=30.0)
+    add("--install-timeout", type=_positive, default=900.0)
+    return parser
+
+
+def _absolute(name: str, path: Path | None) -> Path | None:
+    if path is not None and not path.is_absolute():
+        raise ConfigError(f"{name} must be an absolute path, got {path}")
+    return path
+
+
+def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonConfig:
+    """Flags and environment to a :class:`DaemonConfig`; raises :class:`ConfigError`."""
+    args = build_parser().parse_args(argv)
+    node_name = env.get("NODE_NAME", "").strip()
+    if not node_name:
+        raise ConfigError("NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)")
+    instance_id = (args.instance_id or env.get("POD_UID", "")).strip()
+    if not instance_id:
+        raise ConfigError("no instance ID: pass --instance-id or set POD_UID")
+    if not _INSTANCE_ID.match(instance_id):
+        raise ConfigError(f"instance ID {instance_id!r} must be 1-63 of [A-Za-z0-9._-]")
+    token = Secret(env.get(TOKEN_ENV, "")).stripped()
+    if not token:
+        raise ConfigError(f"{TOKEN_ENV} is not set (the DaemonSet reads it from the Secret)")
+    for name in ("plugin_dir_root", "registry_dir", "cdi_dir", "state_dir"):
+        _absolute(f"--{name.replace('_', '-')}", getattr(args, name).absolute())
+    if args.min_driver_version < 1:
+        raise ConfigError("--min-driver-version must be positive")
+    if args.thunder_retry_attempts < 1:
+        raise ConfigError("--thunder-retry-attempts must be at least 1")
+    if not 0 <= args.health_port <= 65535:
+        raise ConfigError(f"--health-port {args.health_port} is not a port")
+    try:
+        ipaddress.ip_address(args.health_address)
+    except ValueError as err:
+        raise ConfigError(f"--health-address {args.health_address!r} is not an IP") from err
+    host_root = args.host_root or Path("/proc/1/root" if args.host_runner == "nsenter" else "/")
+    gpu_files = NodeGpuFiles(
+        nvidia_smi=_absolute("--nvidia-smi-path", args.nvidia_smi_path),
+        libcuda=_absolute("--libcuda-path", args.libcuda_path),
+        libnvidia_ml=_absolute("--libnvidia-ml-path", args.libnvidia_ml_path),
+    )
+    kubeconfig = env.get("KUBECONFIG", "").strip()
+    return DaemonConfig(
+        driver_name=args.driver_name,
+        node_name=node_name,
+        instance_id=instance_id,
+        api_url=args.api_url,
+        artifact_base_url=args.artifact_base_url,
+        telemetry_url=args.telemetry_url,
+        plugin_dir_root=args.plugin_dir_root.absolute(),
+        registry_dir=args.registry_dir.absolute(),
+        cdi_dir=args.cdi_dir.absolute(),
+        state_dir=args.state_dir.absolute(),
+        min_driver_version=args.min_driver_version,
+        thunderd_port_range=args.thunderd_port_range,
+        advertised_ip_label=args.advertised_ip_label,
+        health_address=args.health_address,
+        health_port=args.health_port,
+        host_runner=args.host_runner,
+        host_root=host_root,
+        host_path_prefix=tuple(p.absolute() for p in args.host_path_prefix),
+        host_env=dict(args.host_env),
+        log_level=args.log_level,
+        log_format=args.log_format,
+        api_token=token,
+        kubeconfig=Path(kubeconfig) if kubeconfig else None,
+        pod_namespace=env.get("POD_NAMESPACE", ""),
+        node_gpu_files=gpu_files,
+        ca_bundle=_absolute("--ca-bundle-path", args.ca_bundle_path),
+        thunder=ThunderTuning(
+            timeout=args.thunder_timeout,
+            max_attempts=args.thunder_retry_attempts,
+            initial_backoff=args.thunder_retry_initial_backoff,
+            max_backoff=max(args.thunder_retry_max_backoff, args.thunder_retry_initial_backoff),
+            budget=args.thunder_retry_budget,
+        ),
+        intervals=Intervals(
+            thunderd_check=args.thunderd_check_interval,
+            enrollment_retry_max=args.enrollment_retry_max,
+            sweep=args.sweep_interval,
+            install_timeout=args.install_timeout,
+        ),
+    )

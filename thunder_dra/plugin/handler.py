@@ -1,0 +1,221 @@
+"""The kubelet's calls, claim by claim: locking, tracing, metrics, logs and per-claim errors.
+
+One NodePrepareResources call holds the node's serialize lock (shared by calls in this
+process, exclusive against another daemon instance on the node) and prepares its claims
+concurrently, each under its own claim-UID lock. A kubelet that gives up on a call (its
+45 s deadline) cancels the RPC, but never the work: claim work runs shielded, so an
+enrollment is never abandoned half-way by a cancellation.
+
+Failures become per-claim errors ``claim <ns>/<name>: <what failed>``, never a failed
+call; each also goes to the log, to ``thunder_dra_daemon_errors_total`` and, for prepare,
+to a Warning event on the ResourceClaim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from opentelemetry.trace import Status, StatusCode, Tracer
+
+from thunder_dra.plugin.allocation import ClaimError
+from thunder_dra.plugin.checkpoint import CheckpointStore, ClaimState, PreparedClaim
+from thunder_dra.plugin.kubeapi import KubeError
+from thunder_dra.plugin.locks import KeyedLocks, NodeSerializeLock
+from thunder_dra.plugin.metrics import DaemonMetrics, ErrorReason
+from thunder_dra.plugin.prepare import Preparer
+from thunder_dra.plugin.records import Records
+from thunder_dra.plugin.repair import Repairer
+from thunder_dra.plugin.service import ClaimRef, PreparedDevice, PrepareResult
+from thunder_dra.plugin.unprepare import Unpreparer
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+# The kubelet retries a failed prepare every few seconds: one event per distinct error
+# and claim in this window is enough for `kubectl describe`.
+EVENT_REPEAT_AFTER = 300.0
+
+
+def answer(prepared: PreparedClaim) -> PrepareResult:
+    return PrepareResult(
+        devices=tuple(
+            PreparedDevice(
+                pool_name=d.pool_name,
+                device_name=d.device_name,
+                cdi_device_ids=d.cdi_device_ids,
+                request_names=d.request_names,
+            )
+            for d in prepared.devices
+        )
+    )
+
+
+def _classify(err: Exception) -> tuple[str, ErrorReason]:
+    if isinstance(err, ClaimError):
+        return str(err), err.reason
+    if isinstance(err, KubeError):
+        return str(err), ErrorReason.KUBERNETES
+    if isinstance(err, OSError):
+        return f"file system: {err}", ErrorReason.FILESYSTEM
+    return f"internal error: {type(err).__name__}: {err}", ErrorReason.INTERNAL
+
+
+class ClaimService:
+    """Implements :class:`thunder_dra.plugin.service.ClaimHandler`."""
+
+    def __init__(
+        self,
+        *,
+        preparer: Preparer,
+        repairer: Repairer,
+        unpreparer: Unpreparer,
+        checkpoint: CheckpointStore,
+        records: Records,
+        node_lock: NodeSerializeLock,
+        claim_locks: KeyedLocks,
+        metrics: DaemonMetrics,
+        tracer: Tracer,
+    ) -> None:
+        self._preparer = preparer
+        self._repairer = repairer
+        self._unpreparer = unpreparer
+        self._checkpoint = checkpoint
+        self._records = records
+        self._node_lock = node_lock
+        self._claim_locks = claim_locks
+        self._metrics = metrics
+        self._tracer = tracer
+        self._running: set[asyncio.Task[Any]] = set()
+        self._events: dict[str, tuple[str, float]] = {}
+
+    async def _shielded(self, work: Coroutine[Any, Any, _T]) -> _T:
+        task = asyncio.ensure_future(work)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return await asyncio.shield(task)
+
+    async def drain(self) -> None:
+        """Wait for claim work still running after its RPC was cancelled (shutdown)."""
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def _under_node_lock(self, work: Callable[[], Awaitable[_T]]) -> _T:
+        waited = time.monotonic()
+        async with self._node_lock.held():
+            self._metrics.lock_wait.observe(time.monotonic() - waited)
+            return await work()
+
+    # Prepare
+
+    async def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
+        async def all_claims() -> dict[str, PrepareResult]:
+            results = await asyncio.gather(*(self._prepare_one(c) for c in claims))
+            return {c.uid: r for c, r in zip(claims, results, strict=True)}
+
+        return await self._shielded(self._under_node_lock(all_claims))
+
+    async def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
+        fields = {"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name}
+        started = time.monotonic()
+        with self._tracer.start_as_current_span(
+            "thunder_dra.prepare",
+            attributes={"k8s.resourceclaim.uid": ref.uid, "k8s.namespace.name": ref.namespace},
+        ) as span:
+            try:
+                async with self._claim_locks.hold(ref.uid):
+                    result = await self._prepare_claim(ref)
+            except Exception as err:
+                message, reason = _classify(err)
+                error = f"claim {ref.namespace}/{ref.name}: {message}"
+                span.set_status(Status(StatusCode.ERROR, reason.value))
+                self._metrics.prepares.labels("error").inc()
+                self._metrics.errors.labels("prepare", reason.value).inc()
+                log.error(
+                    "prepare failed",
+                    extra={**fields, "reason": reason.value, "error": message},
+                    exc_info=reason is ErrorReason.INTERNAL,
+                )
+                await self._warn(ref, message)
+                result = PrepareResult(error=error)
+            else:
+                self._metrics.prepares.labels("success").inc()
+            finally:
+                self._metrics.prepare_seconds.observe(time.monotonic() - started)
+                self._metrics.prepared_claims.set(len(self._checkpoint.current.claims))
+        return result
+
+    async def _warn(self, ref: ClaimRef, message: str) -> None:
+        now = time.monotonic()
+        last = self._events.get(ref.uid)
+        if last is not None and last[0] == message and now - last[1] < EVENT_REPEAT_AFTER:
+            return
+        self._events[ref.uid] = (message, now)
+        await self._records.claim_event(
+            ref.namespace, ref.name, ref.uid, "ThunderPrepareFailed", message
+        )
+
+    async def _prepare_claim(self, ref: ClaimRef) -> PrepareResult:
+        existing = self._checkpoint.current.claims.get(ref.uid)
+        if existing is not None and existing.state is ClaimState.PREPARED:
+            return answer(await self._repairer.repair(existing))
+        if existing is not None:
+            # An unprepare (or an older format's half-prepare) was interrupted: finish it,
+            # so the claim is enrolled from a clean slate.
+            await self._unpreparer.finish(existing)
+        prepared = await self._preparer.prepare(ref)
+        self._events.pop(ref.uid, None)
+        log.info(
+            "claim prepared",
+            extra={
+                "claim_uid": ref.uid,
+                "namespace": ref.namespace,
+                "claim": ref.name,
+                "zone": prepared.zone_name,
+                "gpu_type": prepared.gpu_type,
+                "gpu_count": prepared.gpu_count,
+                "consumer": prepared.consumer.kind,
+                "enrollment_token_id": prepared.enrollment_token_id,
+                "client_id": prepared.client_id,
+            },
+        )
+        return answer(prepared)
+
+    # Unprepare
+
+    async def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
+        async def all_claims() -> dict[str, str]:
+            errors = await asyncio.gather(*(self._unprepare_one(c) for c in claims))
+            return {c.uid: e for c, e in zip(claims, errors, strict=True)}
+
+        return await self._shielded(self._under_node_lock(all_claims))
+
+    async def _unprepare_one(self, ref: ClaimRef) -> str:
+        fields = {"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name}
+        started = time.monotonic()
+        with self._tracer.start_as_current_span(
+            "thunder_dra.unprepare",
+            attributes={"k8s.resourceclaim.uid": ref.uid, "k8s.namespace.name": ref.namespace},
+        ) as span:
+            try:
+                async with self._claim_locks.hold(ref.uid):
+                    await self._unpreparer.unprepare(ref)
+            except Exception as err:
+                message, reason = _classify(err)
+                span.set_status(Status(StatusCode.ERROR, reason.value))
+                self._metrics.unprepares.labels("error").inc()
+                self._metrics.errors.labels("unprepare", reason.value).inc()
+                log.error(
+                    "unprepare failed",
+                    extra={**fields, "reason": reason.value, "error": message},
+                    exc_info=reason is ErrorReason.INTERNAL,
+                )
+                return f"claim {ref.namespace}/{ref.name}: {message}"
+            finally:
+                self._metrics.unprepare_seconds.observe(time.monotonic() - started)
+                self._metrics.prepared_claims.set(len(self._checkpoint.current.claims))
+        self._metrics.unprepares.labels("success").inc()
+        self._events.pop(ref.uid, None)
+        return ""

@@ -1,0 +1,131 @@
+"""Locks: across daemon instances on a node (``flock``) and per claim inside one daemon.
+
+During a rolling update two daemon pods run on one node and share the state directory.
+:class:`NodeSerializeLock` makes their kubelet calls (and journal sweeps) never
+interleave: it is an exclusive ``flock`` on ``<state>/serialize.lock``. Inside one
+process, concurrent calls share the lock (the first takes it, the last releases it),
+so twenty claims in flight still run concurrently while the other instance waits.
+Whoever takes the lock first reloads shared state (the checkpoint), because the other
+instance may have changed it.
+
+:class:`InstanceLock` is held for a daemon's whole life on its own journal directory;
+another instance that can take it knows the owner is dead (the kernel drops a ``flock``
+when its process dies, even on SIGKILL) and may roll back that journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+
+def _open_lock_file(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+
+class NodeSerializeLock:
+    def __init__(self, path: Path, on_acquire: Callable[[], Awaitable[None]]) -> None:
+        self.path = path
+        self._on_acquire = on_acquire
+        self._mutex = asyncio.Lock()
+        self._holders = 0
+        self._fd: int | None = None
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        async with self._mutex:
+            if self._holders == 0:
+                fd = await self._acquire()
+                try:
+                    await self._on_acquire()
+                except BaseException:
+                    self._unlock(fd)
+                    raise
+                self._fd = fd
+            self._holders += 1
+        try:
+            yield
+        finally:
+            self._holders -= 1
+            if self._holders == 0 and self._fd is not None:
+                fd, self._fd = self._fd, None
+                self._unlock(fd)
+
+    async def _acquire(self) -> int:
+        waiting = asyncio.ensure_future(asyncio.to_thread(self._lock_blocking))
+        try:
+            return await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            # The thread cannot be interrupted; when it gets the lock, give it back, or
+            # this process would hold the node's lock with nobody to release it.
+            waiting.add_done_callback(self._release_abandoned)
+            raise
+
+    def _release_abandoned(self, done: asyncio.Future[int]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self._unlock(done.result())
+
+    def _lock_blocking(self) -> int:
+        fd = _open_lock_file(self.path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @staticmethod
+    def _unlock(fd: int) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+class InstanceLock:
+    """An exclusive, non-blocking ``flock`` held until :meth:`release` or process death."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        fd = _open_lock_file(self.path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            NodeSerializeLock._unlock(fd)
+
+
+class KeyedLocks:
+    """One asyncio lock per key (claim UID), dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)

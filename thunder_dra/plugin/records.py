@@ -1,0 +1,337 @@
+"""What a prepared claim leaves in the API: its ``Client`` record, a VM's setup Secret, events.
+
+The ``Client`` (``clients.thundercompute.com``) is named ``claim-<claim uid>`` in the
+claim's namespace: always a valid name whatever the claim is called, and distinct for a
+claim deleted and re-created under the same name (the old record can still be held by
+its finalizer while the operator revokes it). It carries the finalizer
+``thundercompute.com/client-cleanup``, so it cannot disappear before its enrollment is
+revoked, and no owner reference: when a claim vanishes without an unprepare, the
+operator's reaper (not the garbage collector) revokes and removes it.
+
+A KubeVirt VM's ``<claim>-thunder-setup`` Secret holds the enrollment token and the guest
+install script; it is owned by the ResourceClaim (not as controller, without blocking
+deletion), so it goes away with the claim at the latest. It is labelled with the claim
+UID and annotated with the token ID, so the daemon only ever replaces or deletes a
+Secret it made for that claim.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from thunder_dra.api import (
+    API_VERSION,
+    CLIENT_FINALIZER,
+    ClaimReference,
+    ClientPhase,
+    ClientSpec,
+    ConsumerKind,
+    ZoneReference,
+)
+from thunder_dra.api.constants import CLIENT_KIND, DOMAIN
+from thunder_dra.kube import naming
+from thunder_dra.plugin.guest import GUEST_SCRIPT_KEY, GUEST_TOKEN_KEY, guest_secret_name
+from thunder_dra.plugin.kubeapi import JSON, KubeApi, KubeConflict, KubeError, KubeNotFound
+from thunder_dra.thunder import Secret
+
+LABEL_CLAIM_UID = f"{DOMAIN}/claim-uid"
+ANNOTATION_TOKEN_ID = f"{DOMAIN}/enrollment-token-id"
+_FINALIZER_RETRIES = 5
+
+log = logging.getLogger(__name__)
+
+
+def client_name(claim_uid: str) -> str:
+    return f"claim-{claim_uid}"
+
+
+def _labels(claim_uid: str) -> dict[str, str]:
+    return {**naming.component_labels(naming.COMPONENT_DAEMON), LABEL_CLAIM_UID: claim_uid}
+
+
+@dataclass(frozen=True)
+class ClientRecord:
+    """What the daemon records about one enrollment."""
+
+    namespace: str
+    claim_name: str
+    claim_uid: str
+    node_name: str
+    zone_name: str
+    zone_id: str
+    gpu_type: str
+    gpu_count: int
+    enrollment_token_id: str
+    consumer_kind: ConsumerKind
+    consumer_name: str
+    client_id: str | None = None
+
+    @property
+    def name(self) -> str:
+        return client_name(self.claim_uid)
+
+    def spec(self) -> dict[str, Any]:
+        spec = ClientSpec(
+            claim=ClaimReference(
+                namespace=self.namespace, name=self.claim_name, uid=self.claim_uid
+            ),
+            node_name=self.node_name,
+            zone=ZoneReference(name=self.zone_name, id=self.zone_id),
+            gpu_type=self.gpu_type,
+            gpu_count=self.gpu_count,
+            enrollment_token_id=self.enrollment_token_id,
+            consumer_kind=self.consumer_kind,
+            consumer_name=self.consumer_name,
+        )
+        return spec.to_json_dict()
+
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = {"phase": ClientPhase.ENROLLED.value}
+        if self.client_id:
+            status["clientId"] = self.client_id
+        else:
+            status["message"] = (
+                f"enrollment token delivered in Secret {guest_secret_name(self.claim_name)}; "
+                "the VM's guest enrolls itself"
+            )
+        return status
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": CLIENT_KIND,
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "labels": _labels(self.claim_uid),
+                "finalizers": [CLIENT_FINALIZER],
+            },
+            "spec": self.spec(),
+        }
+
+
+def _token_id_of(client: JSON) -> str:
+    return str((client.get("spec") or {}).get("enrollmentTokenId") or "")
+
+
+class Records:
+    def __init__(self, kube: KubeApi, node_name: str) -> None:
+        self._kube = kube
+        self._node = node_name
+
+    # Clients
+
+    async def record_client(self, record: ClientRecord) -> None:
+        """Create (or bring up to date) the Client, then set its status."""
+        try:
+            await self._kube.create_client(record.namespace, record.body())
+        except KubeConflict:
+            await self._adopt(record)
+        await self._kube.patch_client_status(record.namespace, record.name, record.status())
+
+    async def _adopt(self, record: ClientRecord) -> None:
+        existing = await self._kube.get_client(record.namespace, record.name)
+        metadata = existing.get("metadata") or {}
+        if metadata.get("deletionTimestamp"):
+            # A record on its way out (an earlier unprepare, or the reaper): let it go and
+            # start a fresh one; its enrollment is revoked by whoever deleted it.
+            await self._release_finalizer(record.namespace, record.name)
+            await self._kube.create_client(record.namespace, record.body())
+            return
+        finalizers = list(metadata.get("finalizers") or [])
+        if CLIENT_FINALIZER not in finalizers:
+            finalizers.append(CLIENT_FINALIZER)
+        patch = {"metadata": {"finalizers": finalizers}, "spec": record.spec()}
+        await self._kube.patch_client(record.namespace, record.name, patch)
+
+    async def get_client(self, namespace: str, claim_uid: str) -> JSON | None:
+        try:
+            return await self._kube.get_client(namespace, client_name(claim_uid))
+        except KubeNotFound:
+            return None
+
+    async def delete_client(
+        self, namespace: str, claim_uid: str, *, only_token_id: str | None = None
+    ) -> bool:
+        """Delete the claim's Client and drop our finalizer; absent is done already.
+
+        ``only_token_id``: delete only if the record is for that enrollment (a rollback must
+        not remove the record of a later, successful attempt). True if it was removed.
+        """
+        name = client_name(claim_uid)
+        if only_token_id is not None:
+            existing = await self.get_client(namespace, claim_uid)
+            if existing is None or _token_id_of(existing) != only_token_id:
+                return False
+        # Delete first: a crash between the two steps leaves a Terminating record that the
+        # next unprepare (or the reaper) finishes, never a record without its finalizer.
+        try:
+            answer = await self._kube.delete_client(namespace, name)
+        except KubeNotFound:
+            return False
+        if answer.get("kind") != CLIENT_KIND:
+            return True  # a Status: gone at once (no finalizer left)
+        finalizers = list((answer.get("metadata") or {}).get("finalizers") or [])
+        if CLIENT_FINALIZER not in finalizers:
+            return True
+        index = finalizers.index(CLIENT_FINALIZER)
+        path = f"/metadata/finalizers/{index}"
+        try:
+            # The test makes it a no-op if the list changed since the delete answered.
+            await self._kube.json_patch_client(
+                namespace,
+                name,
+                [
+                    {"op": "test", "path": path, "value": CLIENT_FINALIZER},
+                    {"op": "remove", "path": path},
+                ],
+            )
+        except KubeNotFound:
+            return True
+        except KubeError:
+            await self._release_finalizer(namespace, name)
+        return True
+
+    async def _release_finalizer(self, namespace: str, name: str) -> None:
+        for _ in range(_FINALIZER_RETRIES):
+            try:
+                current = await self._kube.get_client(namespace, name)
+            except KubeNotFound:
+                return
+            metadata = current.get("metadata") or {}
+            finalizers = list(metadata.get("finalizers") or [])
+            if CLIENT_FINALIZER not in finalizers:
+                return
+            remaining = [f for f in finalizers if f != CLIENT_FINALIZER]
+            patch = {
+                "metadata": {
+                    "finalizers": remaining or None,
+                    "resourceVersion": metadata.get("resourceVersion"),
+                }
+            }
+            try:
+                await self._kube.patch_client(namespace, name, patch)
+                return
+            except KubeNotFound:
+                return
+            except KubeConflict:
+                continue
+        raise KubeError(f"remove finalizer of Client {namespace}/{name}", 409, "kept changing")
+
+    # KubeVirt guest Secrets
+
+    async def write_guest_secret(
+        self,
+        *,
+        namespace: str,
+        claim_name: str,
+        claim_uid: str,
+        token: Secret,
+        token_id: str,
+        script: str,
+    ) -> str:
+        name = guest_secret_name(claim_name)
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": _labels(claim_uid),
+                "annotations": {ANNOTATION_TOKEN_ID: token_id},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "resource.k8s.io/v1",
+                        "kind": "ResourceClaim",
+                        "name": claim_name,
+                        "uid": claim_uid,
+                        "controller": False,
+                        "blockOwnerDeletion": False,
+                    }
+                ],
+            },
+            "data": {
+                GUEST_TOKEN_KEY: base64.b64encode(token.reveal().encode()).decode(),
+                GUEST_SCRIPT_KEY: base64.b64encode(script.encode()).decode(),
+            },
+        }
+        try:
+            await self._kube.create_secret(namespace, body)
+        except KubeConflict:
+            existing = await self._kube.get_secret(namespace, name)
+            metadata = existing.get("metadata") or {}
+            if (metadata.get("labels") or {}).get(LABEL_CLAIM_UID) != claim_uid:
+                raise KubeError(
+                    f"create Secret {namespace}/{name}",
+                    409,
+                    f"a Secret of that name exists and was not made for claim {claim_uid}",
+                ) from None
+            body["metadata"]["resourceVersion"] = metadata.get("resourceVersion")
+            await self._kube.replace_secret(namespace, name, body)
+        return name
+
+    async def guest_secret_exists(self, namespace: str, claim_name: str, claim_uid: str) -> bool:
+        try:
+            existing = await self._kube.get_secret(namespace, guest_secret_name(claim_name))
+        except KubeNotFound:
+            return False
+        labels = (existing.get("metadata") or {}).get("labels") or {}
+        return bool(labels.get(LABEL_CLAIM_UID) == claim_uid)
+
+    async def delete_guest_secret(
+        self, namespace: str, claim_name: str, claim_uid: str, *, only_token_id: str | None = None
+    ) -> bool:
+        name = guest_secret_name(claim_name)
+        try:
+            existing = await self._kube.get_secret(namespace, name)
+        except KubeNotFound:
+            return False
+        metadata = existing.get("metadata") or {}
+        if (metadata.get("labels") or {}).get(LABEL_CLAIM_UID) != claim_uid:
+            return False
+        annotations = metadata.get("annotations") or {}
+        if only_token_id is not None and annotations.get(ANNOTATION_TOKEN_ID) != only_token_id:
+            return False
+        try:
+            await self._kube.delete_secret(namespace, name, uid=metadata.get("uid"))
+        except KubeNotFound:
+            return False
+        return True
+
+    # Events
+
+    async def claim_event(
+        self, namespace: str, claim_name: str, claim_uid: str, reason: str, message: str
+    ) -> None:
+        """A Warning event on the ResourceClaim; best effort (a failure is only logged)."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{claim_name[:200]}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "name": claim_name,
+                "namespace": namespace,
+                "uid": claim_uid,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning",
+            "source": {"component": "thunder-dra-daemon", "host": self._node},
+            "reportingComponent": "thundercompute.com/daemon",
+            "reportingInstance": self._node[:128],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._kube.create_event(namespace, body)
+        except KubeError as err:
+            log.debug("could not record an event", extra={"error": str(err)})

@@ -1,0 +1,133 @@
+"""Claims already prepared: restore what is missing, so a repeated prepare gets the same answer.
+
+Run for every prepared claim at start-up and again whenever the kubelet prepares a claim
+the checkpoint already holds:
+
+- the CDI spec is rewritten from the checkpoint when missing (``/var/run/cdi`` is a
+  tmpfs, emptied by a reboot);
+- a cached ``libthunder.so`` that went missing is fetched again by its digest;
+- a missing ``Client`` record is re-created from the checkpoint;
+- a missing ``config.json`` cannot be rebuilt (its credential exists nowhere else), so
+  the claim is enrolled again: the old enrollment is revoked first, then a new one is
+  minted, exchanged and recorded through the journal like any prepare. The kubelet's
+  answer (devices and CDI IDs) stays the same.
+
+A VM's claim has nothing on the node; its Secret holds a single-use token that the guest
+may already have spent, so a missing Secret is reported, not re-minted.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from thunder_dra.api import ConsumerKind
+from thunder_dra.plugin.allocation import ClaimError, parse_claim
+from thunder_dra.plugin.checkpoint import PreparedClaim
+from thunder_dra.plugin.clientconfig import CONFIG_FILE_NAME, claim_dir
+from thunder_dra.plugin.kubeapi import KubeError
+from thunder_dra.plugin.metrics import ErrorReason
+from thunder_dra.plugin.prepare import Plan, Preparer, library_of
+from thunder_dra.plugin.records import ClientRecord
+from thunder_dra.thunder import ThunderError
+
+log = logging.getLogger(__name__)
+
+
+def plan_from(prepared: PreparedClaim, *, preload: bool, library: Path | None = None) -> Plan:
+    return Plan(
+        uid=prepared.uid,
+        namespace=prepared.namespace,
+        name=prepared.name,
+        zone_name=prepared.zone_name,
+        zone_id=prepared.zone_id,
+        gpu_type=prepared.gpu_type,
+        gpu_count=prepared.gpu_count,
+        consumer=prepared.consumer,
+        hostname=prepared.consumer.name or prepared.name,
+        devices=prepared.devices,
+        preload=preload,
+        library=library if library is not None else library_of(prepared),
+    )
+
+
+def record_from(prepared: PreparedClaim, node_name: str) -> ClientRecord:
+    return ClientRecord(
+        namespace=prepared.namespace,
+        claim_name=prepared.name,
+        claim_uid=prepared.uid,
+        node_name=node_name,
+        zone_name=prepared.zone_name,
+        zone_id=prepared.zone_id,
+        gpu_type=prepared.gpu_type,
+        gpu_count=prepared.gpu_count,
+        enrollment_token_id=prepared.enrollment_token_id or "",
+        consumer_kind=(
+            ConsumerKind.VIRTUAL_MACHINE if prepared.consumer.kind == "vm" else ConsumerKind.POD
+        ),
+        consumer_name=prepared.consumer.name,
+        client_id=prepared.client_id,
+    )
+
+
+def _fields(prepared: PreparedClaim) -> dict[str, str]:
+    return {"claim_uid": prepared.uid, "namespace": prepared.namespace, "claim": prepared.name}
+
+
+class Repairer:
+    def __init__(self, preparer: Preparer) -> None:
+        self._preparer = preparer
+        self.d = preparer.d
+
+    async def repair(self, prepared: PreparedClaim) -> PreparedClaim:
+        """Restore what a prepared claim is missing on the node and in the API."""
+        d = self.d
+        if prepared.consumer.kind == "pod":
+            directory = claim_dir(d.config.claims_dir, prepared.uid)
+            if not (directory / CONFIG_FILE_NAME).is_file():
+                prepared = await self.reenroll(prepared)
+            library = library_of(prepared)
+            if library is not None and not library.is_file():
+                library = await d.library.by_digest(library.parent.name)
+            if library is not None and not d.cdi.path_for(prepared.uid).is_file():
+                plan = plan_from(prepared, preload=await self._preload_of(prepared))
+                params = self._preparer.cdi_params(plan, directory / CONFIG_FILE_NAME, library)
+                await d.cdi.write_claim(params)
+                log.info("rewrote a missing CDI spec", extra=_fields(prepared))
+        elif prepared.secret_name and not await d.records.guest_secret_exists(
+            prepared.namespace, prepared.name, prepared.uid
+        ):
+            log.warning(
+                "the VM's setup Secret is gone; its single-use token cannot be re-issued "
+                "without re-preparing the claim",
+                extra={**_fields(prepared), "secret": prepared.secret_name},
+            )
+        if await d.records.get_client(prepared.namespace, prepared.uid) is None:
+            await d.records.record_client(record_from(prepared, d.config.node_name))
+            log.info("re-created a missing Client record", extra=_fields(prepared))
+        return prepared
+
+    async def _preload_of(self, prepared: PreparedClaim) -> bool:
+        # Not in the checkpoint: the claim itself is the source of truth for its options.
+        try:
+            claim = await self.d.kube.get_claim(prepared.namespace, prepared.name)
+            return parse_claim(claim, prepared.uid, self.d.config.driver_name).preload
+        except (KubeError, ClaimError):
+            return True
+
+    async def reenroll(self, prepared: PreparedClaim) -> PreparedClaim:
+        """config.json is gone: revoke the old client, enroll the claim anew (same answer)."""
+        d = self.d
+        log.warning("config.json is missing; enrolling the claim again", extra=_fields(prepared))
+        try:
+            await d.undo.revoke(prepared.enrollment_token_id, prepared.client_id)
+        except ThunderError as err:
+            raise ClaimError(
+                f"revoking the enrollment whose config.json is gone failed: {err}",
+                ErrorReason.THUNDER_REVOKE,
+            ) from None
+        library = library_of(prepared)
+        if library is None or not library.is_file():
+            library = await d.library.current()
+        plan = plan_from(prepared, preload=await self._preload_of(prepared), library=library)
+        return await self._preparer.enroll(plan)
