@@ -1,28 +1,39 @@
-"""`make demo`: the driver's scheduling path on a throwaway local control plane.
+"""`make demo`: the whole driver on a throwaway local control plane, end to end.
 
     python -m hack.demo
 
-Starts etcd, kube-apiserver, kube-scheduler and kube-controller-manager,
-simulates three nodes in two zones, publishes a zone pool of GPUs and shows
-the real scheduler allocating them to a ResourceClaim and to an
-extended-resource request, only on nodes of the pool's zone. Everything it
-starts is stopped on exit.
+Starts etcd, kube-apiserver, kube-scheduler and kube-controller-manager, a fake
+Thunder service, the operator (a real `python -m thunder_dra.controllers`
+process) and, on three simulated nodes in two zones, one real daemon
+(`python -m thunder_dra.plugin`) each beside a kubelet stand-in. The serving
+node's daemon enrolls it with Thunder (its fake GPUs are 4 A6000), the operator
+publishes the zone pool at Thunder's oversubscription target 1.5, and two pods,
+one with a ResourceClaimTemplate and one with `resources.limits`, are
+scheduled, prepared and cleaned up. Everything it starts is stopped on exit.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from hack.cluster import Cluster
+from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
+from tests.integration.daemon import harness as daemon_harness
+from tests.integration.operator import harness as operator_harness
 from tests.support.kube import Kube, wait_for
 
-ZONE_LABEL = "topology.kubernetes.io/zone"
 RESOURCE = "resource.k8s.io/v1"
-DRIVER = "thundercompute.com"
+CLIENTS = "thundercompute.com/v1alpha1"
+LABELS = "app.kubernetes.io/name=thunder-dra-driver"
 BOLD, DIM, RESET = ("\033[1m", "\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "", "")
 
 
@@ -30,92 +41,27 @@ def step(title: str) -> None:
     print(f"\n{BOLD}== {title}{RESET}", flush=True)
 
 
-def kubectl(cluster: Cluster, *args: str) -> None:
+def kubectl(cluster: Cluster, *args: str) -> str:
     print(f"{DIM}$ kubectl {' '.join(args)}{RESET}", flush=True)
-    subprocess.run(
+    out = subprocess.run(
         [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", *args],
         check=True,
-    )
+        capture_output=True,
+        text=True,
+    ).stdout
+    print(out, end="", flush=True)
+    return out
 
 
-def pool_objects() -> list[dict[str, Any]]:
-    labels = {"app.kubernetes.io/name": "thunder-dra-driver"}
-    device_class = {
-        "apiVersion": RESOURCE,
-        "kind": "DeviceClass",
-        "metadata": {
-            "name": "thunder-gpu-a6000",
-            "labels": {**labels, "app.kubernetes.io/component": "device-class"},
-        },
-        "spec": {
-            "extendedResourceName": "thundercompute.com/gpu-a6000",
-            "selectors": [
-                {
-                    "cel": {
-                        "expression": f'device.driver == "{DRIVER}" && '
-                        f'device.attributes["{DRIVER}"].gpu_type == "A6000"'
-                    }
-                }
-            ],
-        },
-    }
-    selector = {
-        "nodeSelectorTerms": [
-            {"matchExpressions": [{"key": ZONE_LABEL, "operator": "In", "values": ["zone-a"]}]}
-        ]
-    }
-    slice_ = {
-        "apiVersion": RESOURCE,
-        "kind": "ResourceSlice",
-        "metadata": {
-            "name": "thunder-zone-a-a6000-0",
-            "labels": {
-                **labels,
-                "app.kubernetes.io/component": "resource-inventory",
-                "thundercompute.com/oversubscription": "1.5",
-            },
-        },
-        "spec": {
-            "driver": DRIVER,
-            "pool": {"name": "zone-a/a6000", "generation": 1, "resourceSliceCount": 1},
-            "nodeSelector": selector,
-            "devices": [
-                {
-                    "name": f"a6000-{i}",
-                    "attributes": {
-                        "gpu_type": {"string": "A6000"},
-                        "zone": {"string": "zone-a"},
-                    },
-                }
-                for i in range(6)
-            ],
-        },
-    }
-    return [device_class, slice_]
-
-
-def claim_template(ns: str) -> dict[str, Any]:
-    return {
-        "apiVersion": RESOURCE,
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "thunder-pod-gpu", "namespace": ns},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": "thunder-gpu-a6000",
-                                "allocationMode": "ExactCount",
-                                "count": 2,
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
+@contextmanager
+def node(kube: Kube, fake: FakeThunderProcess, zone: str, serving: bool) -> Iterator[Any]:
+    harness = daemon_harness.NodeHarness(kube, fake, zone=zone, serving=serving)
+    with harness:
+        if serving:
+            harness.daemon.host.set_nvidia(gpus=["NVIDIA RTX A6000"] * 4, gpu_type="A6000")
+        harness.daemon.start()
+        harness.daemon.wait_serving()
+        yield harness
 
 
 def pod(name: str, resources: dict[str, Any], claims: list[dict[str, str]] | None) -> Any:
@@ -135,80 +81,155 @@ def pod(name: str, resources: dict[str, Any], claims: list[dict[str, str]] | Non
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
+def running(kube: Kube, ns: str, name: str) -> bool:
+    obj = kube.get("v1", "Pod", name, ns) or {}
+    return (obj.get("status") or {}).get("phase") == "Running"
+
+
+def secrets_of(fake: FakeThunderProcess) -> list[str]:
+    state = fake.admin.state()
+    found = [t["token"] for t in state.get("apiTokens", [])]
+    found += [
+        t["enrollmentToken"] for t in state.get("enrollmentTokens", []) if t.get("enrollmentToken")
+    ]
+    return found
+
+
 def main() -> int:
     started = time.monotonic()
-    step("Starting the local control plane (etcd, apiserver, scheduler, controller-manager)")
-    with Cluster() as cluster:
+    step("Local control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager")
+    with ExitStack() as stack:
+        cluster = stack.enter_context(Cluster())
         print(f"up in {time.monotonic() - started:.1f}s at {cluster.server}")
         kube = Kube(cluster.kubeconfig)
+        logs = Path(tempfile.mkdtemp(prefix="thunder-demo-"))
 
-        step("Simulated nodes: two in zone-a, one in zone-b")
-        with kube.nodes(
-            {
-                "node-a1": {"zone": "zone-a", "serving": True},
-                "node-a2": {"zone": "zone-a"},
-                "node-b1": {"zone": "zone-b", "serving": True},
-            }
-        ):
-            kubectl(cluster, "get", "nodes", "-L", ZONE_LABEL, "-L", "thundercompute.com/node")
+        step("A fake Thunder service (stateful, loopback only)")
+        fake = stack.enter_context(
+            start_fake_thunder(
+                tokens=[operator_harness.API_TOKEN, daemon_harness.API_TOKEN],
+                log_path=logs / "fake-thunder.log",
+                log_level="WARNING",
+            )
+        )
+        print(f"Thunder API at {fake.base_url}")
 
-            step("A zone pool: 4 A6000 at oversubscription 1.5 publish 6 devices")
-            for obj in pool_objects():
-                kube.create(obj)
-            kubectl(
-                cluster, "get", "deviceclasses", "-l", "app.kubernetes.io/name=thunder-dra-driver",
-                "-o", "custom-columns=CLASS:.metadata.name,RESOURCE:.spec.extendedResourceName",
-            )  # fmt: skip
-            kubectl(
-                cluster, "get", "resourceslices", "-l", "app.kubernetes.io/name=thunder-dra-driver",
-                "-o", "custom-columns=POOL:.spec.pool.name,DEVICES:.spec.devices[*].name,"
-                "TARGET:.metadata.labels.thundercompute\\.com/oversubscription",
-            )  # fmt: skip
+        step("The operator and one ThunderCluster (token from a Secret, never a field)")
+        env = stack.enter_context(operator_harness.operator_env(kube, cluster, fake, logs))
+        kubectl(cluster, "get", "thunderclusters")
 
-            with kube.namespace("demo") as ns:
-                step("A pod with a ResourceClaimTemplate for 2 GPUs, and one with limits")
-                kube.create(claim_template(ns))
-                kube.create_pod(
-                    ns,
-                    pod(
-                        "thunder-pod-gpu",
-                        {"claims": [{"name": "gpu", "request": "gpu"}]},
-                        [{"name": "gpu", "resourceClaimTemplateName": "thunder-pod-gpu"}],
-                    ),
+        step("Three nodes: a GPU server and a consumer in zone-a, a consumer in zone-b")
+        server = stack.enter_context(node(kube, fake, "zone-a", serving=True))
+        consumer = stack.enter_context(node(kube, fake, "zone-a", serving=False))
+        stack.enter_context(node(kube, fake, "zone-b", serving=False))
+        kubectl(
+            cluster,
+            "get",
+            "nodes",
+            "-L",
+            "topology.kubernetes.io/zone",
+            "-L",
+            "thundercompute.com/node",
+        )
+
+        step("The serving node's daemon enrolls it; thunderd reports 4 A6000 to Thunder")
+        zone_id = wait_for(lambda: _zone_id(fake, "zone-a"), "zone-a in Thunder", timeout=90)
+        wait_for(lambda: _hosts(fake, zone_id), "the host registered with Thunder", timeout=90)
+        for host in _hosts(fake, zone_id):
+            count, model, status = host["gpuCount"], host["gpuType"], host["status"]
+            print(f"Thunder host {host['hostname']}: {count}x {model} ({status})")
+        fake.admin.set_targets(zone_id, {"A6000": 1.5})
+        print("Thunder oversubscription target for zone-a / A6000: 1.5")
+
+        step("The operator publishes one pool per zone + model and one DeviceClass per model")
+        env.sync()
+        wait_for(lambda: env.device_class("thunder-gpu-a6000"), "thunder-gpu-a6000")
+        kubectl(
+            cluster, "get", "deviceclasses", "-l", LABELS,
+            "-o", "custom-columns=CLASS:.metadata.name,RESOURCE:.spec.extendedResourceName",
+        )  # fmt: skip
+        kubectl(
+            cluster, "get", "resourceslices", "-l", LABELS,
+            "-o", "custom-columns=POOL:.spec.pool.name,DEVICES:.spec.devices[*].name,"
+            "TARGET:.metadata.labels.thundercompute\\.com/oversubscription",
+        )  # fmt: skip
+        kubectl(cluster, "get", "thunderclusters")
+
+        with kube.namespace("demo") as ns:
+            step("Two pods: a ResourceClaimTemplate for 2 GPUs, and resources.limits for 2")
+            kube.create(
+                daemon_harness.claim_template("thunder-pod-gpu", ns, "thunder-gpu-a6000", 2)
+            )
+            kube.create_pod(
+                ns,
+                pod(
+                    "thunder-pod-gpu",
+                    {"claims": [{"name": "gpu", "request": "gpu"}]},
+                    [{"name": "gpu", "resourceClaimTemplateName": "thunder-pod-gpu"}],
+                ),
+            )
+            kube.create_pod(
+                ns, pod("thunder-simple", {"limits": {"thundercompute.com/gpu-a6000": "2"}}, None)
+            )
+            for name in ("thunder-pod-gpu", "thunder-simple"):
+                wait_for(
+                    partial(running, kube, ns, name), f"{name} prepared and Running", timeout=120
                 )
-                kube.create_pod(
-                    ns,
-                    pod("thunder-simple", {"limits": {"thundercompute.com/gpu-a6000": "2"}}, None),
-                )
-                for name in ("thunder-pod-gpu", "thunder-simple"):
-                    wait_for(partial(node_of, kube, ns, name), f"{name} to be scheduled")
-                wait_for(lambda: len(allocated(kube, ns)) == 2, "both claims allocated")
-                kubectl(cluster, "-n", ns, "get", "pods", "-o", "wide")
-                kubectl(
-                    cluster, "-n", ns, "get", "resourceclaims", "-o",
-                    "custom-columns=CLAIM:.metadata.name,POOLS:.status.allocation.devices.results[*].pool,"
-                    "DEVICES:.status.allocation.devices.results[*].device",
-                )  # fmt: skip
-                print(
-                    "\nBoth pods landed in zone-a, the only zone with a pool; "
-                    "node-b1 (zone-b) was never chosen."
-                )
+            kubectl(cluster, "-n", ns, "get", "pods", "-o", "wide")
+
+            step("Each claim: a Client record, a CDI device, a config.json; no token anywhere")
+            kubectl(cluster, "get", "clients.thundercompute.com", "-A", "-o", "wide")
+            tokens = secrets_of(fake)
+            for harness in (server, consumer):
+                for pod_uid in list(harness.kubelet.pods):
+                    for claim_uid, ids in harness.kubelet.cdi_ids(pod_uid).items():
+                        spec_file = (
+                            harness.daemon.cdi_dir
+                            / f"thundercompute.com-gpu_claim-{claim_uid}.json"
+                        )
+                        text = spec_file.read_text()
+                        leaked = [t for t in tokens if t and t in text]
+                        spec = json.loads(text)
+                        env_names = [
+                            e.split("=", 1)[0] for e in spec["devices"][0]["containerEdits"]["env"]
+                        ]
+                        mounts = spec["devices"][0]["containerEdits"]["mounts"]
+                        print(
+                            f"{harness.name}: claim {claim_uid[:8]} -> CDI {sorted(set(ids))[0]}\n"
+                            f"  spec {spec_file.name}: env {', '.join(env_names)}; "
+                            f"{len(mounts)} read-only mounts; "
+                            f"{'NO TOKEN' if not leaked else 'TOKEN FOUND'}"
+                        )
+                        if leaked:
+                            raise SystemExit("a token reached a CDI spec")
+
+            step("Pods deleted: the kubelet stand-in unprepares; enrollments are revoked")
+            for name in ("thunder-pod-gpu", "thunder-simple"):
+                kube.core.delete_namespaced_pod(name, ns)
+            wait_for(
+                lambda: not kube.list_objects(CLIENTS, "Client", namespace=ns),
+                "Clients removed",
+                timeout=120,
+            )
+            remaining = kube.list_objects(CLIENTS, "Client", namespace=ns)
+            print(f"Clients left in {ns}: {len(remaining)}")
+            leaks = fake.admin.leaks()
+            print(f"Thunder audit: {len(leaks)} leaked enrollments")
+            if leaks:
+                raise SystemExit(f"leaked enrollments: {leaks}")
     step(f"Done in {time.monotonic() - started:.1f}s; every process stopped")
     return 0
 
 
-def node_of(kube: Kube, ns: str, name: str) -> str | None:
-    obj = kube.get("v1", "Pod", name, ns) or {}
-    node = obj.get("spec", {}).get("nodeName")
-    return str(node) if node else None
+def _zone_id(fake: FakeThunderProcess, name: str) -> str | None:
+    for zone in fake.admin.state().get("zones", []):
+        if zone["displayName"] == name:
+            return str(zone["zoneId"])
+    return None
 
 
-def allocated(kube: Kube, ns: str) -> list[str]:
-    return [
-        c["metadata"]["name"]
-        for c in kube.list_objects(RESOURCE, "ResourceClaim", namespace=ns)
-        if (c.get("status") or {}).get("allocation")
-    ]
+def _hosts(fake: FakeThunderProcess, zone_id: str) -> list[dict[str, Any]]:
+    return [h for h in fake.admin.state().get("hosts", []) if h.get("zoneId") == zone_id]
 
 
 if __name__ == "__main__":
