@@ -12,7 +12,10 @@
 # helm upgrade arguments), SECRET_NAME (thunder-api), KUBE_CONTEXT (default: current),
 # KUBECONFIG, KUBECTL and HELM (binaries; default: PATH, then hack/build-tools.sh's).
 # uninstall and purge refuse while clients.thundercompute.com exist unless FORCE=1,
-# and ask for the context name to be typed back unless YES=1.
+# and ask for the context name to be typed back unless YES=1. Both delete the
+# ThunderCluster first, while the operator still runs to release its finalizer
+# (thundercompute.com/operator); OPERATOR_WAIT (seconds, default 60) is how long they
+# wait for that before saying so and removing the finalizer themselves.
 """Install, inspect and remove thunder-device-plugin."""
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ APP_SELECTOR: Final = "app.kubernetes.io/name=thunder-dra-driver"
 GROUP: Final = "thundercompute.com"
 OUR_CRDS: Final = (f"thunderclusters.{GROUP}", f"clients.{GROUP}")
 PEERING_CRD: Final = "clusterkopfpeerings.kopf.dev"
+TC_API: Final = f"{GROUP}/v1alpha1"
+OPERATOR_FINALIZER: Final = f"{GROUP}/operator"
+HELM_RELEASE_ANNOTATION: Final = "meta.helm.sh/release-name"
+HELM_NAMESPACE_ANNOTATION: Final = "meta.helm.sh/release-namespace"
 
 
 class Refused(Exception):
@@ -54,6 +61,7 @@ class Settings:
     context: str | None
     force: bool
     yes: bool
+    operator_wait: float = 60.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -71,6 +79,7 @@ class Settings:
             context=e.get("KUBE_CONTEXT") or None,
             force=flag("FORCE"),
             yes=flag("YES"),
+            operator_wait=float(e.get("OPERATOR_WAIT") or 60),
         )
 
 
@@ -226,12 +235,147 @@ def cmd_install(cluster: Cluster, out: TextIO) -> int:
     return 0
 
 
+def _thunderclusters(cluster: Cluster, release_only: bool) -> list[str]:
+    """ThunderCluster names: the release's own, or every one (purge)."""
+    res = cluster.resource(TC_API, "ThunderCluster")
+    if res is None:
+        return []
+    s = cluster.settings
+    names = []
+    for item in res.get().to_dict()["items"]:
+        annotations = item["metadata"].get("annotations") or {}
+        if release_only and (
+            annotations.get(HELM_RELEASE_ANNOTATION) != s.release
+            or annotations.get(HELM_NAMESPACE_ANNOTATION) != s.namespace
+        ):
+            continue
+        names.append(item["metadata"]["name"])
+    return names
+
+
+def _get_thundercluster(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    res = cluster.resource(TC_API, "ThunderCluster")
+    if res is None:
+        return None
+    try:
+        found: dict[str, Any] = res.get(name=name).to_dict()
+    except NotFoundError:
+        return None
+    return found
+
+
+def delete_thunderclusters(cluster: Cluster, names: Sequence[str], out: TextIO) -> list[str]:
+    """Delete the ThunderClusters while the operator runs; return those it did not release.
+
+    The operator keeps its kopf finalizer on a ThunderCluster it reconciles and removes it
+    once its loops for that object have stopped. Deleting the ThunderCluster before the
+    release (which stops the operator) lets it do so; helm uninstall alone would delete
+    the operator first and leave the ThunderCluster Terminating.
+    """
+    res = cluster.resource(TC_API, "ThunderCluster")
+    if res is None or not names:
+        return []
+    for name in names:
+        try:
+            res.delete(name=name)
+            out.write(f"deleted thundercluster/{name}\n")
+        except NotFoundError:
+            pass
+    wait = cluster.settings.operator_wait
+    held = [n for n in names if _get_thundercluster(cluster, n) is not None]
+    if held:
+        out.write(
+            f"waiting up to {wait:.0f}s for the operator to release "
+            f"{', '.join(f'thundercluster/{n}' for n in held)} "
+            f"(finalizer {OPERATOR_FINALIZER})\n"
+        )
+        out.flush()
+    deadline = time.monotonic() + wait
+    while held and time.monotonic() < deadline:
+        time.sleep(0.5)
+        held = [n for n in held if _get_thundercluster(cluster, n) is not None]
+    if names and not held:
+        out.write("the operator released the ThunderCluster\n")
+    return held
+
+
+def release_operator_finalizer(cluster: Cluster, names: Sequence[str], out: TextIO) -> None:
+    """Remove the operator's finalizer from ThunderClusters no running operator released.
+
+    Only `thundercompute.com/operator`: it holds nothing outside the cluster (it only
+    lets the operator stop its loops first), and the objects the ThunderCluster owns
+    (the daemon DaemonSet, ResourceSlices, DeviceClasses) are garbage-collected with it.
+    Other finalizers are left alone. Called after the release is gone, so the webhook
+    the operator no longer serves cannot refuse the update.
+    """
+    res = cluster.resource(TC_API, "ThunderCluster")
+    if res is None:
+        return
+    released = []
+    for name in names:
+        current = _get_thundercluster(cluster, name)
+        if current is None:
+            continue
+        others = current["metadata"].get("finalizers") or []
+        if OPERATOR_FINALIZER not in others:
+            out.write(
+                f"thundercluster/{name} is held by finalizers {', '.join(others)}, not the "
+                "operator's: leaving it Terminating for whoever owns them.\n"
+            )
+            continue
+        if others == [OPERATOR_FINALIZER]:
+            released.append(name)  # nothing else holds it: wait until it is gone
+        out.write(
+            f"thundercluster/{name} is still held by the finalizer {OPERATOR_FINALIZER} "
+            f"after {cluster.settings.operator_wait:.0f}s: the operator is not running. "
+            "Removing that finalizer; what the ThunderCluster owns is garbage-collected "
+            "with it.\n"
+        )
+        out.flush()
+        deadline = time.monotonic() + 30.0
+        while True:
+            current = _get_thundercluster(cluster, name)
+            if current is None:
+                break
+            meta = current["metadata"]
+            finalizers = [f for f in meta.get("finalizers") or [] if f != OPERATOR_FINALIZER]
+            try:
+                res.patch(
+                    name=name,
+                    body={
+                        "metadata": {
+                            "finalizers": finalizers or None,
+                            "resourceVersion": meta["resourceVersion"],
+                        }
+                    },
+                    content_type="application/merge-patch+json",
+                )
+                break
+            except NotFoundError:
+                break
+            except ApiException as err:
+                # 409: changed meanwhile; 500: a webhook configuration being removed with
+                # the release is still cached by the API server for a moment.
+                if err.status not in (409, 500) or time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+        out.write(f"removed finalizer {OPERATOR_FINALIZER} from thundercluster/{name}\n")
+    _wait_gone(
+        lambda: any(_get_thundercluster(cluster, n) is not None for n in released),
+        "the ThunderCluster",
+    )
+
+
 def cmd_uninstall(cluster: Cluster, stdin: TextIO, out: TextIO) -> int:
     s = cluster.settings
     guard(cluster, f"uninstall release {s.release} from namespace {s.namespace}", stdin, out)
-    cluster.helm("uninstall", s.release, "--namespace", s.namespace, "--wait")
+    held = delete_thunderclusters(cluster, _thunderclusters(cluster, release_only=True), out)
+    # helm's --wait would wait for a ThunderCluster nothing releases any more.
+    wait = [] if held else ["--wait"]
+    cluster.helm("uninstall", s.release, "--namespace", s.namespace, *wait)
+    release_operator_finalizer(cluster, held, out)
     out.write(
-        "The CRDs, ResourceSlices, DeviceClasses and the namespace remain; "
+        "The CRDs and the namespace remain (and Client records, if any); "
         "`make purge` removes them.\n"
     )
     return 0
@@ -284,17 +428,20 @@ def cmd_purge(cluster: Cluster, stdin: TextIO, out: TextIO) -> int:
         stdin,
         out,
     )
-    # The release first: that stops the operator and removes the webhook, so nothing
+    # The ThunderClusters first, while the operator can still release its finalizer;
+    # then the release: that stops the operator and removes the webhook, so nothing
     # re-creates or validates what is deleted next.
+    held = delete_thunderclusters(cluster, _thunderclusters(cluster, release_only=False), out)
     listed = cluster.helm("status", s.release, "--namespace", s.namespace, check=False, quiet=True)
     if listed.returncode == 0:
-        cluster.helm("uninstall", s.release, "--namespace", s.namespace, "--wait")
+        wait = [] if held else ["--wait"]
+        cluster.helm("uninstall", s.release, "--namespace", s.namespace, *wait)
     admission = "admissionregistration.k8s.io/v1"
     _delete_all(cluster, admission, "ValidatingWebhookConfiguration", APP_SELECTOR, out)
-    # With the operator gone nothing will revoke these enrollments (FORCE said so):
-    # drop the finalizers that wait for it.
-    _delete_all(cluster, f"{GROUP}/v1alpha1", "Client", None, out, strip_finalizers=True)
-    _delete_all(cluster, f"{GROUP}/v1alpha1", "ThunderCluster", None, out, strip_finalizers=True)
+    release_operator_finalizer(cluster, held, out)
+    # With the operator gone nothing will revoke these enrollments: only FORCE=1 (which
+    # the guard demanded if any existed) drops the finalizers that wait for it.
+    _delete_all(cluster, TC_API, "Client", None, out, strip_finalizers=s.force)
     _delete_all(cluster, "resource.k8s.io/v1", "ResourceSlice", APP_SELECTOR, out)
     _delete_all(cluster, "resource.k8s.io/v1", "DeviceClass", APP_SELECTOR, out)
     _delete_all(cluster, "kopf.dev/v1", "ClusterKopfPeering", None, out)

@@ -3,7 +3,10 @@
 Runs on its own control plane: purge removes the CRDs, which the rest of the suite's
 shared control plane needs. The chart is installed with the webhook off, because the
 test writes Client objects itself and the local control plane's Service IPs must
-never be dialled (see test_packaging_helm_install).
+never be dialled (see test_packaging_helm_install). No operator runs here, so these
+tests stand for "the operator is gone": they put its finalizer on the chart's
+ThunderCluster themselves. Uninstalling while the operator runs is tested in
+test_packaging_install_with_operator.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ REPO = Path(__file__).resolve().parents[3]
 GROUP = "thundercompute.com/v1alpha1"
 PROMPT = "Type the context name to continue"
 TOKEN = f"tok-{uuid.uuid4().hex}"
+OPERATOR_FINALIZER = "thundercompute.com/operator"
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +47,8 @@ def _env(plane: Cluster, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE", "YES", "THUNDER_API_TOKEN")}
     env.update(plane.env())
     env.update({"NAMESPACE": "thunder-system", "HELM_ARGS": "--set webhook.enabled=false"})
+    # Nothing here would release the operator's finalizer: do not wait the default 60s.
+    env.update({"OPERATOR_WAIT": "2"})
     env.update(extra)
     return env
 
@@ -110,6 +116,15 @@ def _client(kube: Kube, namespace: str = "default") -> str:
     return name
 
 
+def _hold_as_the_operator_would(kube: Kube, name: str = "thunder") -> None:
+    """Put kopf's finalizer on the ThunderCluster, as an operator that ran and stopped."""
+    kube.resource(GROUP, "ThunderCluster").patch(
+        name=name,
+        body={"metadata": {"finalizers": [OPERATOR_FINALIZER]}},
+        content_type="application/merge-patch+json",
+    )
+
+
 def test_install_creates_the_secret_without_showing_the_token(plane: Cluster, kube: Kube) -> None:
     session = _install(plane)
     assert TOKEN not in session.output
@@ -160,8 +175,26 @@ def test_uninstall_asks_for_the_context_and_removes_the_release(plane: Cluster) 
     assert not _release_exists(plane)
 
 
+def test_uninstall_clears_the_finalizer_of_an_operator_that_is_gone(
+    plane: Cluster, kube: Kube
+) -> None:
+    _ensure_installed(plane)
+    _hold_as_the_operator_would(kube)
+    session = _ops(plane, "uninstall", YES="1")
+    assert session.returncode == 0, session.output
+    assert "deleted thundercluster/thunder" in session.output
+    assert (
+        f"thundercluster/thunder is still held by the finalizer {OPERATOR_FINALIZER} after 2s: "
+        "the operator is not running." in session.output
+    )
+    assert f"removed finalizer {OPERATOR_FINALIZER} from thundercluster/thunder" in session.output
+    assert kube.get(GROUP, "ThunderCluster", "thunder") is None
+    assert not _release_exists(plane)
+
+
 def test_purge_with_force_and_yes_removes_everything(plane: Cluster, kube: Kube) -> None:
     _ensure_installed(plane)
+    _hold_as_the_operator_would(kube)
     client = _client(kube)
     kube.create(
         {
@@ -181,6 +214,8 @@ def test_purge_with_force_and_yes_removes_everything(plane: Cluster, kube: Kube)
     assert PROMPT not in session.output
     assert "FORCE=1: going ahead although 1 Client(s) exist." in session.output
     assert f"deleted client/{client} -n default" in session.output
+    assert "the operator is not running. Removing that finalizer" in session.output
+    assert kube.get(GROUP, "ThunderCluster", "thunder") is None
     assert not _release_exists(plane)
     assert kube.get("resource.k8s.io/v1", "DeviceClass", "thunder-gpu-a6000") is None
     for crd in ("thunderclusters.thundercompute.com", "clients.thundercompute.com"):
