@@ -115,14 +115,26 @@ def payload_checksum(payload: Any) -> str:
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
-    """The file content for ``checkpoint``."""
-    payload = checkpoint.model_dump(mode="json", by_alias=True)
-    document = {
-        "version": CHECKPOINT_VERSION,
-        "checksum": payload_checksum(payload),
-        "payload": payload,
-    }
-    return (json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    """The file content for ``checkpoint``: the canonical document, one line.
+
+    The payload is serialised once, in canonical form, and that text is both what is
+    hashed and what is written (a pretty-printed copy would mean a second, much slower
+    pure-Python encoding of every claim on every write). The result is exactly
+    ``json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``.
+    """
+    canonical = _canonical(checkpoint.model_dump(mode="json", by_alias=True))
+    checksum = hashlib.sha256(canonical).hexdigest()
+    return b"".join(
+        (
+            b'{"checksum":"',
+            checksum.encode(),
+            b'","payload":',
+            canonical,
+            b',"version":',
+            str(CHECKPOINT_VERSION).encode(),
+            b"}\n",
+        )
+    )
 
 
 def decode_checkpoint(data: bytes, path: Path) -> Checkpoint:
@@ -229,10 +241,13 @@ class CheckpointStore:
             if self._persisted >= wanted:
                 return  # a write that started after our change already covered it
             snapshot, covers = self._current, self._changes
-            await asyncio.to_thread(self._write_sync, encode_checkpoint(snapshot))
+            # Encoded in the writer thread too: O(prepared claims), off the event loop.
+            # The snapshot is immutable (frozen models, a dict never mutated in place).
+            await asyncio.to_thread(self._write_sync, snapshot)
             self._persisted = max(self._persisted, covers)
 
-    def _write_sync(self, content: bytes) -> None:
+    def _write_sync(self, snapshot: Checkpoint) -> None:
+        content = encode_checkpoint(snapshot)
         if not self.path.parent.is_dir():
             # Only a missing directory gets a mode: it may be the shared plugin directory.
             fsutil.ensure_dir(self.path.parent, 0o700)

@@ -153,13 +153,16 @@ class MintJournal:
     async def _update(self, entry_id: str, **changes: str) -> JournalEntry:
         async with self._lock_for(entry_id):
             try:
-                current = await self.get(entry_id)
+                # Read, change and durably rewrite in one worker-thread hop.
+                return await asyncio.to_thread(self._update_sync, entry_id, changes)
             except JournalEntryNotFound:
                 self._locks.pop(entry_id, None)
                 raise
-            updated = current.model_copy(update=changes)
-            await asyncio.to_thread(self._store_sync, updated)
-            return updated
+
+    def _update_sync(self, entry_id: str, changes: dict[str, str]) -> JournalEntry:
+        updated = self._read_sync(self._path(entry_id)).model_copy(update=changes)
+        self._store_sync(updated)
+        return updated
 
     def _store_sync(self, entry: JournalEntry) -> None:
         if not self.directory.is_dir():
