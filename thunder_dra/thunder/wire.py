@@ -3,9 +3,7 @@ metrics and a span. Retrying is the caller's business (see ``retry.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -28,22 +26,6 @@ from thunder_dra.thunder.telemetry import (
 
 _M = TypeVar("_M", bound=BaseModel)
 
-
-def _short_circuit_missing_sniffio() -> None:
-    """Make httpcore's per-request ``import sniffio`` fail fast when it is not installed.
-
-    httpcore imports ``sniffio`` inside every lock, event and cancellation shield it sets
-    up (several per request) and falls back to asyncio when the import fails. Without the
-    package each of those failed imports searches ``sys.path`` again, a measurable share
-    of the daemon's CPU. A ``None`` entry in ``sys.modules`` makes the import raise
-    ``ImportError`` at once: the same outcome, without the search. Nothing changes when
-    the package is installed.
-    """
-    if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
-        sys.modules["sniffio"] = None  # type: ignore[assignment]
-
-
-_short_circuit_missing_sniffio()
 
 # Failures raised before a single byte of the request was written: retrying these cannot
 # duplicate a side effect on the server.
