@@ -12,6 +12,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
+import shutil
 import signal
 import socket
 import ssl
@@ -78,7 +80,31 @@ def binaries() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+def _ephemeral_floor() -> int:
+    try:
+        low = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]
+        return int(low)
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A loopback TCP port that is free now, for a process that binds it a moment later.
+
+    Ports come from below the kernel's ephemeral range: the OS hands ephemeral ports to
+    every outgoing connection, so one picked there can be taken by a client socket
+    before the server binds it. Below the range only another listener can take it.
+    """
+    floor = _ephemeral_floor()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, floor - 12000), floor)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -142,11 +168,20 @@ class Cluster:
         self.stop()
 
     def start(self) -> None:
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
+        # A port found free can still be taken before the component binds it; such a
+        # start is retried from scratch on new ports rather than failing a test run.
+        for attempt in range(3):
+            try:
+                self._start()
+                return
+            except ClusterError as err:
+                self.stop()
+                if "address already in use" not in str(err) or attempt == 2:
+                    raise
+                shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
+            except BaseException:
+                self.stop()
+                raise
 
     def _start(self) -> None:
         pki = self.workdir / "pki"
