@@ -26,6 +26,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from thunder_dra.controllers.metrics import OperatorMetrics
+from thunder_dra.kube.rest import send
 from thunder_dra.version import user_agent
 
 _T = TypeVar("_T")
@@ -151,20 +152,16 @@ class KubeApi:
         body: Any,
         content_type: str | None,
     ) -> Any:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type or "application/json"
-        serialized = self._api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list(query),
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
         try:
-            response = self._api.call_api(*serialized, _request_timeout=REQUEST_TIMEOUT)
-            response.read()  # type: ignore[no-untyped-call]
+            response = send(
+                self._api,
+                method,
+                path,
+                query=query,
+                body=body,
+                content_type=content_type,
+                timeout=REQUEST_TIMEOUT,
+            )
         except ApiException as exc:
             reason, message = _error_message(exc.body)
             raise KubeError(method, path, exc.status, reason or str(exc.reason), message) from None

@@ -21,6 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from thunder_dra.api.constants import CLIENT_PLURAL, GROUP, VERSION
+from thunder_dra.kube.rest import send
 from thunder_dra.version import user_agent
 
 JSON = dict[str, Any]
@@ -96,20 +97,17 @@ class KubeApi:
         content_type: str = "application/json",
         what: str,
     ) -> JSON:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        request = self._api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list(query),
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
         try:
-            response = self._api.call_api(*request, _request_timeout=REQUEST_TIMEOUT)
-            data: bytes = response.read()  # type: ignore[no-untyped-call]
+            response = send(
+                self._api,
+                method,
+                path,
+                query=query,
+                body=body,
+                content_type=content_type,
+                timeout=REQUEST_TIMEOUT,
+            )
+            data: bytes = response.data
         except ApiException as err:
             raise KubeError(what, err.status, _reason(err)) from None
         except Exception as err:  # urllib3 and socket errors: no HTTP answer at all

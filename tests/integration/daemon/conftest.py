@@ -4,7 +4,6 @@ and a zone pool published the way the operator would (the operator itself does n
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import yaml
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
 from tests.integration.daemon.harness import API_TOKEN, REPO, ZonePool
 from tests.support.kube import Kube, wait_for
+from tests.support.runc import build_cdi_check
 
 
 def _established(kube: Kube, name: str) -> bool:
@@ -65,12 +65,4 @@ def namespace(kube: Kube) -> Iterator[str]:
 def cdi_check() -> Path:
     if shutil.which("go") is None:
         pytest.skip("Go toolchain not found: cdi-check (hack/build-cdi-check.sh) needs it")
-    built = subprocess.run(
-        [str(REPO / "hack" / "build-cdi-check.sh")],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr
-    return Path(built.stdout.strip().splitlines()[-1])
+    return build_cdi_check()

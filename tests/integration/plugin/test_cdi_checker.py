@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.runc import build_cdi_check
 from thunder_dra.plugin import cdi, clientconfig, libcache
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -31,14 +32,7 @@ LIBRARY = b"\x7fELF stand-in for libthunder"
 def cdi_check() -> Path:
     if shutil.which("go") is None:
         pytest.skip("Go toolchain not found: cdi-check (hack/build-cdi-check.sh) needs it")
-    built = subprocess.run(
-        [str(ROOT / "hack" / "build-cdi-check.sh")],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert built.returncode == 0, built.stderr
-    binary = Path(built.stdout.strip().splitlines()[-1])
+    binary = build_cdi_check()
     assert binary.is_file()
     return binary
 
