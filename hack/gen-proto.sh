@@ -29,6 +29,21 @@ for f in "$out"/*_pb2_grpc.py "$out"/*_pb2.py "$out"/*_pb2.pyi; do
   sed -i -E 's/^import ([A-Za-z0-9_]+_pb2) as /from thunder_dra.proto_gen import \1 as /' "$f"
 done
 
+# Drop the generated servicer base classes. They only answer UNIMPLEMENTED for methods a
+# subclass does not override; every service this project serves implements every method
+# of its own class, registered with the add_*_to_server functions that remain.
+"$PYTHON" - "$out"/*_pb2_grpc.py <<'PY'
+import re
+import sys
+
+for name in sys.argv[1:]:
+    with open(name) as f:
+        text = f.read()
+    text = re.sub(r"\nclass \w+Servicer:\n(?:(?:    .*|)\n)*?(?=\n\S)", "\n", text)
+    with open(name, "w") as f:
+        f.write(text)
+PY
+
 cat > "$out/__init__.py" <<'PY'
 """Generated gRPC stubs for the kubelet plugin protocols in proto/ (hack/gen-proto.sh).
 

@@ -41,16 +41,6 @@ class DRAResourceHealthStub:
                 _registered_method=True)
 
 
-class DRAResourceHealthServicer:
-    """Missing associated documentation comment in .proto file."""
-
-    def NodeWatchResources(self, request, context):
-        """A stream of complete health snapshots of the driver's devices on this node.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_DRAResourceHealthServicer_to_server(servicer, server):
     rpc_method_handlers = {

@@ -46,24 +46,6 @@ class DRAPluginStub:
                 _registered_method=True)
 
 
-class DRAPluginServicer:
-    """Missing associated documentation comment in .proto file."""
-
-    def NodePrepareResources(self, request, context):
-        """Prepares claims for use on this node. A call error makes the kubelet ignore the
-        whole response; per-claim failures go into the claim's entry.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def NodeUnprepareResources(self, request, context):
-        """Reverses NodePrepareResources, with the same error rules.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_DRAPluginServicer_to_server(servicer, server):
     rpc_method_handlers = {

@@ -46,21 +46,6 @@ class RegistrationStub:
                 _registered_method=True)
 
 
-class RegistrationServicer:
-    """Missing associated documentation comment in .proto file."""
-
-    def GetInfo(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def NotifyRegistrationStatus(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_RegistrationServicer_to_server(servicer, server):
     rpc_method_handlers = {
