@@ -32,7 +32,7 @@ echo "building bundle-validate into $bin (first time only; a few minutes on 2 co
 (
   cd "$mod"
   # Low priority: this shares the machine with much larger builds and test runs.
-  CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags "-s -w" -o "$tmp/bundle-validate" .
+  CGO_ENABLED=0 nice -n 10 go build -buildvcs=false -trimpath -ldflags "-s -w" -o "$tmp/bundle-validate" .
 )
 mkdir -p "$(dirname "$bin")"
 mv "$tmp/bundle-validate" "$bin"

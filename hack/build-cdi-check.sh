@@ -28,7 +28,7 @@ echo "building cdi-check into $bin" >&2
   cd "$mod"
   # Low priority: this shares the machine with much larger builds.
   CGO_ENABLED=0 GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod" \
-    nice -n 10 go build -trimpath -ldflags "-s -w" -o "$tmp/cdi-check" .
+    nice -n 10 go build -buildvcs=false -trimpath -ldflags "-s -w" -o "$tmp/cdi-check" .
 )
 mkdir -p "$(dirname "$bin")"
 mv "$tmp/cdi-check" "$bin"

@@ -47,7 +47,7 @@ start=$(date +%s)
 echo "building Kubernetes $k8s_version control plane and helm into $bin (first time only; ~20-30 min on 2 cores)" >&2
 (
   cd "$k8s_mod"
-  CGO_ENABLED=0 go build -trimpath -tags=selinux,notest,grpcnotrace -ldflags "$ldflags" -o "$tmp/" \
+  CGO_ENABLED=0 go build -buildvcs=false -trimpath -tags=selinux,notest,grpcnotrace -ldflags "$ldflags" -o "$tmp/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl ./etcd
 )
@@ -57,7 +57,7 @@ helm_version=$(awk '$1=="helm.sh/helm/v3"{print $2} $2=="helm.sh/helm/v3"{print 
   hl="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
   hl+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor"
   hl+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$k8s_minor"
-  CGO_ENABLED=0 go build -trimpath -ldflags "$hl" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm
+  CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "$hl" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm
 )
 rm -rf "$bin"
 chmod 755 "$tmp"
