@@ -38,6 +38,9 @@ from thunder_dra.api.workload import (
     Toleration,
 )
 
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", min_length=64, max_length=64)]
+"""A SHA-256 digest as 64 lower-case hexadecimal digits."""
+
 DEVICE_CLASS_PREFIX_MAX = 190
 """Leaves room for a 63-character model label within a 253-character DeviceClass name."""
 EXTENDED_RESOURCE_NAME_PREFIX_MAX = 40
@@ -61,6 +64,38 @@ class ThunderSpec(ApiModel):
         default="https://telemetry.thundercompute.com:2096", alias="telemetryURL"
     )
     """Telemetry collector written into each container's client config."""
+    installer_sha256: Sha256 | None = Field(default=None, alias="installerSHA256")
+    """Optional pinned SHA-256 (64 lower-case hex digits) of the Thunder installer script.
+    When set, a downloaded installer with another digest is refused and nothing runs."""
+    library_sha256: Sha256 | None = Field(default=None, alias="librarySHA256")
+    """Optional pinned SHA-256 (64 lower-case hex digits) of libthunder.so. When set, it
+    must also match the digest the installer pins; a mismatch stages nothing."""
+
+
+class InventoryProtectionSpec(ApiModel):
+    """How the operator treats a Thunder answer that would withdraw published devices."""
+
+    max_shrink_percent: Annotated[int, Field(ge=0, le=100)] = 50
+    """A pool that would lose more than this percentage of its published devices in one
+    pass is suspect, as are an empty zone list and a zone or pool that vanishes."""
+    confirm_passes: Annotated[int, Field(ge=1, le=1000)] = 3
+    """Consecutive passes a suspect answer must repeat before published devices are
+    withdrawn. Devices allocated to a ResourceClaim are never withdrawn."""
+
+
+class InventoryLimitsSpec(ApiModel):
+    """Caps on the numbers Thunder reports; a larger answer is clamped with a Warning."""
+
+    max_gpus_per_host: Annotated[int, Field(ge=1, le=1024)] = Field(
+        default=64, alias="maxGPUsPerHost"
+    )
+    """Most GPUs one Thunder host may contribute."""
+    max_devices_per_pool: Annotated[int, Field(ge=1, le=65536)] = 4096
+    """Most devices published in one pool (a zone and a GPU model)."""
+    max_pools: Annotated[int, Field(ge=1, le=100000)] = 4096
+    """Most pools published in total."""
+    max_devices: Annotated[int, Field(ge=1, le=1048576)] = 131072
+    """Most devices published across all pools."""
 
 
 class OperatorSpec(ApiModel):
@@ -90,6 +125,12 @@ class OperatorSpec(ApiModel):
     (30s to 168h)."""
     inventory_concurrency: Annotated[int, Field(ge=1, le=64)] = 8
     """Most Thunder API reads in flight during an inventory pass."""
+    inventory_protection: InventoryProtectionSpec = Field(
+        default_factory=InventoryProtectionSpec
+    )
+    """When a shrinking inventory is trusted."""
+    limits: InventoryLimitsSpec = Field(default_factory=InventoryLimitsSpec)
+    """Bounds on vendor-reported numbers."""
 
     @field_validator("extended_resource_prefix")
     @classmethod
@@ -235,6 +276,10 @@ class ConditionType(StrEnum):
     INVENTORY_SYNCED = "InventorySynced"
     THUNDER_REACHABLE = "ThunderReachable"
     DAEMON_READY = "DaemonReady"
+    INVENTORY_SUSPECT = "InventorySuspect"
+    """True while a shrinking Thunder answer is held back until it repeats."""
+    SPEC_VALID = "SpecValid"
+    """False while the spec is invalid; the operator keeps serving the last valid one."""
 
 
 class PoolStatus(ApiModel):
