@@ -90,6 +90,14 @@ def _absolute_path_problem(value: str) -> str | None:
     return "must be an absolute path"
 
 
+INT64_MAX: Final = 2**63 - 1
+"""The largest integer the API server stores (int64)."""
+QUANTITY_MAX_LENGTH: Final = 64
+"""Longer than any quantity a person writes; bounds what the API server stores."""
+
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+"""A non-negative count or generation, within the API server's int64 range."""
+
 QUANTITY_PATTERN: Final = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]"
     r"|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
@@ -159,9 +167,29 @@ AbsolutePath = Annotated[
 def _quantity(value: object) -> int | str:
     # One validator for both forms, so an error names the field, not a union branch.
     if isinstance(value, int) and not isinstance(value, bool):
+        if 0 <= value <= INT64_MAX:
+            return value
+        raise PydanticCustomError(
+            "quantity_range",
+            "must be between 0 and {maximum}, got {value}",
+            {"maximum": INT64_MAX, "value": value if abs(value) < 10**30 else "a huge number"},
+        )
+    if (
+        isinstance(value, str)
+        and len(value) <= QUANTITY_MAX_LENGTH
+        and re.fullmatch(QUANTITY_PATTERN, value)
+    ):
+        if value.startswith("-"):
+            raise PydanticCustomError(
+                "quantity_range", 'must not be negative, got "{value}"', {"value": value}
+            )
         return value
-    if isinstance(value, str) and re.fullmatch(QUANTITY_PATTERN, value):
-        return value
+    if isinstance(value, str) and len(value) > QUANTITY_MAX_LENGTH:
+        raise PydanticCustomError(
+            "quantity",
+            "must be a Kubernetes quantity of at most {maximum} characters",
+            {"maximum": QUANTITY_MAX_LENGTH},
+        )
     raise PydanticCustomError(
         "quantity",
         'must be a Kubernetes quantity such as "100m", "64Mi" or 2, got "{value}"',
@@ -178,6 +206,9 @@ Quantity = Annotated[
         {
             "anyOf": [{"type": "integer"}, {"type": "string"}],
             "pattern": QUANTITY_PATTERN,
+            "maxLength": QUANTITY_MAX_LENGTH,
+            "minimum": 0,
+            "maximum": INT64_MAX,
             "x-kubernetes-int-or-string": True,
         }
     ),
@@ -217,7 +248,7 @@ class Condition(ApiModel):
     """A human-readable explanation."""
     last_transition_time: datetime
     """When the status last changed (not when it was last written)."""
-    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    observed_generation: Count | None = None
     """The metadata.generation this condition was computed from."""
 
 

@@ -3,8 +3,10 @@
 Kubernetes users write durations the way Go's `time.ParseDuration` reads them, so
 the spec keeps the user's text (a `Duration` is a `str`) and parses it on demand.
 Units: ns, us, ms, s, m, h; a sign is accepted so that "-5s" is reported as out of
-range rather than as a syntax error. Sub-microsecond parts are dropped because
-`timedelta` cannot hold them; no setting here needs them.
+range rather than as a syntax error. Values beyond Go's own range (int64 nanoseconds,
+about 2562047h) are refused as Go refuses them, so a huge number is a clean error and
+never an arithmetic overflow. Sub-microsecond parts are dropped because `timedelta`
+cannot hold them; no setting here needs them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import timedelta
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import Any, Final
 
 from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
@@ -25,6 +27,11 @@ _UNIT = r"(?:ns|us|ms|s|m|h)"
 DURATION_PATTERN: Final = rf"^[-+]?(?:0|(?:{_NUMBER}{_UNIT})+)$"
 _DURATION_RE: Final = re.compile(DURATION_PATTERN)
 _PART_RE: Final = re.compile(rf"({_NUMBER})({_UNIT})")
+
+MAX_NANOSECONDS: Final = 2**63 - 1
+"""Go's largest duration, 2562047h47m16.854775807s."""
+# Exact arithmetic for the longest text the pattern and DURATION_MAX_LENGTH allow.
+_EXACT: Final = Context(prec=2 * DURATION_MAX_LENGTH + 16)
 
 _NANOS_PER_UNIT: Final = {
     "ns": Decimal(1),
@@ -45,11 +52,16 @@ def parse_duration(text: str) -> timedelta:
         )
     sign = -1 if text.startswith("-") else 1
     body = text.lstrip("+-")
-    nanos = sum(
-        (Decimal(number) * _NANOS_PER_UNIT[unit] for number, unit in _PART_RE.findall(body)),
-        Decimal(0),
-    )
-    return timedelta(microseconds=sign * int(nanos // 1000))
+    if len(body) > DURATION_MAX_LENGTH:
+        raise ValueError(f"is longer than {DURATION_MAX_LENGTH} characters")
+    nanos = Decimal(0)
+    for number, unit in _PART_RE.findall(body):
+        nanos = _EXACT.add(nanos, _EXACT.multiply(Decimal(number), _NANOS_PER_UNIT[unit]))
+        if nanos > MAX_NANOSECONDS:
+            raise ValueError(
+                f'"{text}" is out of range: the largest duration is 2562047h47m16.854775807s'
+            )
+    return timedelta(microseconds=sign * int(_EXACT.divide_int(nanos, Decimal(1000))))
 
 
 def format_duration(value: timedelta) -> str:
@@ -124,6 +136,21 @@ class DurationRange:
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
         return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        # The API server checks the range too (CEL parses Go durations), so a stored
+        # object is in range even when the webhook is down.
+        json_schema = handler(schema)
+        json_schema["x-kubernetes-validations"] = [
+            {
+                "rule": f"duration(self) >= duration('{self.minimum}') && "
+                f"duration(self) <= duration('{self.maximum}')",
+                "message": f"must be between {self.minimum} and {self.maximum}",
+            }
+        ]
+        return json_schema
 
     def _check(self, value: Duration) -> Duration:
         if not parse_duration(self.minimum) <= value.to_timedelta() <= parse_duration(self.maximum):

@@ -19,6 +19,7 @@ from thunder_dra.api.base import (
     AbsolutePath,
     ApiModel,
     Condition,
+    Count,
     DnsLabel,
     DnsSubdomain,
     DriverName,
@@ -45,6 +46,10 @@ DEVICE_CLASS_PREFIX_MAX = 190
 """Leaves room for a 63-character model label within a 253-character DeviceClass name."""
 EXTENDED_RESOURCE_NAME_PREFIX_MAX = 40
 """Longest name part (after the '/') of the extended-resource prefix, so models fit in 63."""
+MAX_LIST_ITEMS = 64
+"""Most entries of a list or map setting (tolerations, extraEnv, nodeSelector, ...)."""
+MAX_POOLS = 100000
+"""Upper bound of `spec.operator.limits.maxPools`, and so of the pools in status."""
 
 
 class ThunderSpec(ApiModel):
@@ -92,7 +97,7 @@ class InventoryLimitsSpec(ApiModel):
     """Most GPUs one Thunder host may contribute."""
     max_devices_per_pool: Annotated[int, Field(ge=1, le=65536)] = 4096
     """Most devices published in one pool (a zone and a GPU model)."""
-    max_pools: Annotated[int, Field(ge=1, le=100000)] = 4096
+    max_pools: Annotated[int, Field(ge=1, le=MAX_POOLS)] = 4096
     """Most pools published in total."""
     max_devices: Annotated[int, Field(ge=1, le=1048576)] = 131072
     """Most devices published across all pools."""
@@ -125,9 +130,7 @@ class OperatorSpec(ApiModel):
     (30s to 168h)."""
     inventory_concurrency: Annotated[int, Field(ge=1, le=64)] = 8
     """Most Thunder API reads in flight during an inventory pass."""
-    inventory_protection: InventoryProtectionSpec = Field(
-        default_factory=InventoryProtectionSpec
-    )
+    inventory_protection: InventoryProtectionSpec = Field(default_factory=InventoryProtectionSpec)
     """When a shrinking inventory is trusted."""
     limits: InventoryLimitsSpec = Field(default_factory=InventoryLimitsSpec)
     """Bounds on vendor-reported numbers."""
@@ -206,16 +209,20 @@ class DaemonSpec(ApiModel):
     image: ImageSpec = Field(default_factory=ImageSpec)
     """Daemon container image."""
     image_pull_secrets: list[LocalObjectReference] = Field(
-        default_factory=list, json_schema_extra={"x-kubernetes-list-type": "atomic"}
+        default_factory=list,
+        max_length=MAX_LIST_ITEMS,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
     )
     """Secrets in the operator's namespace used to pull the image."""
     node_selector: dict[str, LabelValue] = Field(
-        default_factory=lambda: {"kubernetes.io/os": "linux"}
+        default_factory=lambda: {"kubernetes.io/os": "linux"}, max_length=MAX_LIST_ITEMS
     )
     """Nodes the daemon runs on. ResourceSlices select the same labels, so pods are only
     scheduled where a kubelet plugin can prepare their claims."""
     tolerations: list[Toleration] = Field(
-        default_factory=_default_tolerations, json_schema_extra={"x-kubernetes-list-type": "atomic"}
+        default_factory=_default_tolerations,
+        max_length=MAX_LIST_ITEMS,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
     )
     """Taints the daemon tolerates. The default tolerates all, so every selected node gets a
     plugin; narrowing it can publish devices for nodes that have none."""
@@ -233,11 +240,12 @@ class DaemonSpec(ApiModel):
     """Daemon log level."""
     extra_env: list[EnvVar] = Field(
         default_factory=list,
+        max_length=MAX_LIST_ITEMS,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     """Extra environment variables for the daemon container (e.g. HTTPS_PROXY)."""
     pod_annotations: dict[str, Annotated[str, Field(max_length=65536)]] = Field(
-        default_factory=dict
+        default_factory=dict, max_length=MAX_LIST_ITEMS
     )
     """Annotations added to the daemon pods."""
 
@@ -291,34 +299,36 @@ class PoolStatus(ApiModel):
     """GPU model, as Thunder spells it."""
     pool: Annotated[str, Field(max_length=253)]
     """ResourceSlice pool name, <zone label>/<model label>."""
-    physical: Annotated[int, Field(ge=0)]
+    physical: Count
     """GPUs on healthy, uncordoned hosts."""
     target: Annotated[str, Field(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?$")]
     """Oversubscription target applied, e.g. 1.5."""
-    published: Annotated[int, Field(ge=0)]
+    published: Count
     """Devices published: max(floor(physical x target), live client GPUs)."""
-    live_clients: Annotated[int, Field(ge=0)]
+    live_clients: Count
     """GPUs held by live (not decommissioned) Thunder clients."""
 
 
 class ThunderClusterStatus(ApiModel):
     """What the operator last observed and published."""
 
-    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    observed_generation: Count | None = None
     """The metadata.generation of the spec the operator last acted on."""
     conditions: list[Condition] = Field(
         default_factory=list,
+        max_length=MAX_LIST_ITEMS,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     """Ready, InventorySynced, ThunderReachable and DaemonReady."""
     pools: list[PoolStatus] = Field(
         default_factory=list,
+        max_length=MAX_POOLS,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["pool"]},
     )
     """Per-pool figures of the last successful inventory pass."""
-    pool_count: Annotated[int, Field(ge=0)] = 0
+    pool_count: Count = 0
     """Pools published."""
-    device_count: Annotated[int, Field(ge=0)] = 0
+    device_count: Count = 0
     """Devices published across all pools."""
     last_sync_time: datetime | None = None
     """End of the last successful inventory pass."""

@@ -14,6 +14,10 @@ from pydantic_core import PydanticCustomError
 from thunder_dra.api.base import ApiModel, DnsSubdomain, LabelValue, QualifiedName, Quantity
 
 DEFAULT_IMAGE_REPOSITORY = "ghcr.io/thunder-compute/thunder-device-plugin"
+TOLERATION_SECONDS_MAX = 2**31 - 1
+"""About 68 years: longer is the same as forever (leave the field empty)."""
+RESOURCE_NAMES_MAX = 16
+"""Most resource names in requests or limits (cpu, memory, ephemeral-storage, ...)."""
 
 
 class ImageSpec(ApiModel):
@@ -49,16 +53,16 @@ class Toleration(ApiModel):
     """Taint value to match with operator Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to match; empty matches all effects."""
-    toleration_seconds: int | None = None
+    toleration_seconds: Annotated[int, Field(ge=0, le=TOLERATION_SECONDS_MAX)] | None = None
     """For NoExecute: how long the pod stays bound after the taint appears; empty is forever."""
 
 
 class ResourceRequirements(ApiModel):
     """CPU and memory requests and limits of the daemon container."""
 
-    requests: dict[str, Quantity] = Field(default_factory=dict)
+    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=RESOURCE_NAMES_MAX)
     """Minimum resources the scheduler reserves, e.g. cpu: 50m, memory: 64Mi."""
-    limits: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=RESOURCE_NAMES_MAX)
     """Maximum resources the container may use."""
 
 

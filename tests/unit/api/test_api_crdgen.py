@@ -42,6 +42,7 @@ _ALLOWED = {
     "exclusiveMaximum",
     "minItems",
     "maxItems",
+    "maxProperties",
     "default",
     "nullable",
     "anyOf",
@@ -53,6 +54,7 @@ _ALLOWED = {
     "x-kubernetes-list-type",
     "x-kubernetes-list-map-keys",
     "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-validations",
 }
 _TYPES = {"object", "array", "string", "integer", "number", "boolean"}
 
