@@ -1,10 +1,16 @@
-"""The verified ``libthunder.so`` for new claims: installer pins, then the node cache.
+"""The verified Thunder installer and ``libthunder.so``: installer pins, then the node cache.
 
 The digest comes from the installer's ``libthunder_sha256`` line (thunder-api.md 3.1),
 re-read at most every few minutes (:class:`PinnedDigest`); the library URL from its
 ``default_artifact_base_url``. The cache (:class:`LibthunderCache`) downloads a digest
 once and stages it only if the SHA-256 matches. A mismatch forgets the pins, so the next
 claim re-reads the installer rather than trusting a digest that may have moved on.
+
+A deployment may pin both digests (ThunderCluster ``spec.thunder.installerSHA256`` and
+``librarySHA256``, daemon flags ``--installer-sha256`` and ``--library-sha256``): an
+installer with another SHA-256 is refused (no claim gets a library from it, no node
+install runs it), and so is an installer whose library pin differs from
+``librarySHA256``. Either refusal names the URL and both digests and stages nothing.
 """
 
 from __future__ import annotations
@@ -19,19 +25,54 @@ from thunder_dra.plugin.libcache import (
     PinnedDigest,
 )
 from thunder_dra.plugin.metrics import ErrorReason
-from thunder_dra.thunder import ArtifactDigestMismatch, ArtifactFetcher, ThunderError
+from thunder_dra.thunder import (
+    ArtifactDigestMismatch,
+    ArtifactFetcher,
+    InstallerPins,
+    ThunderError,
+)
+
+
+class LibraryPinMismatch(LibraryCacheError):
+    """The installer pins another libthunder.so than the deployment's ``librarySHA256``."""
+
+    def __init__(self, installer_url: str, installer_pin: str, deployment_pin: str) -> None:
+        super().__init__(
+            f"installer {installer_url} pins libthunder.so SHA-256 {installer_pin}, but the"
+            f" pinned librarySHA256 is {deployment_pin}; refused, nothing was staged"
+        )
 
 
 class LibraryProvider:
-    def __init__(self, fetcher: ArtifactFetcher, cache: LibthunderCache, installer_url: str):
+    def __init__(
+        self,
+        fetcher: ArtifactFetcher,
+        cache: LibthunderCache,
+        installer_url: str,
+        *,
+        installer_sha256: str | None = None,
+        library_sha256: str | None = None,
+    ) -> None:
         self._fetcher = fetcher
         self.cache = cache
         self._installer_url = installer_url
+        self._installer_sha256 = installer_sha256
+        self._library_sha256 = library_sha256
         self._library_url: str | None = None
         self._pinned = PinnedDigest(self._resolve)
 
+    async def fetch_installer(self) -> InstallerPins:
+        """The installer, its text verified against the pins (raises ThunderError or
+        :class:`LibraryPinMismatch`)."""
+        pins = await self._fetcher.fetch_installer(self._installer_url, self._installer_sha256)
+        if self._library_sha256 and pins.libthunder_sha256 != self._library_sha256:
+            raise LibraryPinMismatch(
+                self._installer_url, pins.libthunder_sha256, self._library_sha256
+            )
+        return pins
+
     async def _resolve(self) -> str:
-        pins = await self._fetcher.fetch_installer(self._installer_url)
+        pins = await self.fetch_installer()
         self._library_url = pins.library_url
         return pins.libthunder_sha256
 
@@ -39,6 +80,8 @@ class LibraryProvider:
         """The library new claims get; raises :class:`ClaimError` (reason libthunder)."""
         try:
             digest = await self._pinned.get()
+        except (ArtifactDigestMismatch, LibraryPinMismatch) as err:
+            raise ClaimError(f"libthunder.so refused: {err}", ErrorReason.LIBTHUNDER) from None
         except (ThunderError, LibraryCacheError) as err:
             raise ClaimError(
                 f"reading the libthunder.so digest from {self._installer_url} failed: {err}",

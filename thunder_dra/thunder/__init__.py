@@ -8,7 +8,9 @@ from thunder_dra.thunder.artifacts import (
     INSTALLER_MAX_BYTES,
     LIBRARY_MAX_BYTES,
     ArtifactFetcher,
+    ArtifactURLRefused,
     InstallerPins,
+    check_artifact_url,
     parse_installer,
 )
 from thunder_dra.thunder.claims import JwtClaims, JwtClaimsError, decode_jwt_claims
@@ -80,6 +82,7 @@ __all__ = [
     "ArtifactDigestMismatch",
     "ArtifactError",
     "ArtifactFetcher",
+    "ArtifactURLRefused",
     "BadRequest",
     "ClientRecord",
     "ClientRevocation",
@@ -112,6 +115,7 @@ __all__ = [
     "Unauthorized",
     "UnenrollResult",
     "Zone",
+    "check_artifact_url",
     "decode_jwt_claims",
     "metrics_for",
     "normalize_base_url",

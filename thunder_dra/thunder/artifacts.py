@@ -1,9 +1,14 @@
-"""Fetch the Thunder installer's pins and download ``libthunder.so`` (contract 3.1).
+"""Fetch the Thunder installer and its pins, and download ``libthunder.so`` (contract 3.1).
 
-The installer is read only to learn two lines: the artifact base URL and the library's
-SHA-256. The library is streamed to a temporary file beside its destination, hashed on the
+The installer's text is kept (the node install runs exactly the text fetched here) and
+parsed for two lines: the artifact base URL and the library's SHA-256. A deployment may
+pin the installer's own SHA-256 too; a different installer is refused before anything
+runs. The library is streamed to a temporary file beside its destination, hashed on the
 way, and renamed into place only if the digest matches; on any failure nothing is left.
-The artifact host is public: no credential is ever sent to it.
+
+Every artifact URL is https, also after redirects (followed here, hop by hop, at most
+:data:`MAX_REDIRECTS`); plain http is accepted only for loopback hosts (local fakes), and
+never once a hop was https. The artifact host is public: no credential is ever sent to it.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 import httpx
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
+from thunder_dra.api.syntax import is_loopback_host
 from thunder_dra.thunder.errors import (
     ArtifactDigestMismatch,
     ArtifactError,
@@ -52,6 +59,7 @@ DEFAULT_ARTIFACT_BASE_URL = "https://get.thundercompute.com"
 INSTALLER_MAX_BYTES = 1024 * 1024
 LIBRARY_MAX_BYTES = 512 * 1024 * 1024
 LIBRARY_NAME = "libthunder.so"
+MAX_REDIRECTS = 5
 
 _BASE_LINE = re.compile(r"^[ \t]*default_artifact_base_url='([^'\n]*)'[ \t]*$", re.MULTILINE)
 _DIGEST_LINE = re.compile(r"^[ \t]*libthunder_sha256=\"([0-9a-f]{64})\"[ \t]*$", re.MULTILINE)
@@ -60,13 +68,45 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _WRITE_BATCH_BYTES = 1024 * 1024
 
 
+class ArtifactURLRefused(ArtifactError):
+    """An artifact URL (or a redirect to one) is not https, or leaves https for http."""
+
+
+def check_artifact_url(url: str, *, kind: str, after_https: bool = False) -> str:
+    """``url`` if artifacts may be fetched from it: https, or http to a loopback host
+    (never after an https hop). Raises :class:`ArtifactURLRefused` naming the URL."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError as err:
+        raise ArtifactURLRefused(f"{kind} URL {url!r} is not a valid URL: {err}") from None
+    if parts.scheme == "https" and host:
+        return url
+    if parts.scheme == "http" and host and is_loopback_host(host) and not after_https:
+        return url
+    if parts.scheme == "http" and after_https:
+        reason = "an https download must not continue over plain http"
+    elif parts.scheme == "http":
+        reason = "artifacts are fetched over https only (http only from a loopback host)"
+    else:
+        reason = "not an absolute https URL"
+    raise ArtifactURLRefused(f"{kind} URL {url} refused: {reason}")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 @dataclass(frozen=True)
 class InstallerPins:
-    """What the installer declares: where the library lives and its SHA-256."""
+    """What the installer declares: where the library lives and its SHA-256; and the
+    installer's own text and digest (what a node install runs)."""
 
     installer_url: str
     artifact_base_url: str
     libthunder_sha256: str
+    script: str = ""
+    installer_sha256: str = ""
 
     @property
     def library_url(self) -> str:
@@ -75,7 +115,8 @@ class InstallerPins:
 
 def parse_installer(text: str, installer_url: str) -> InstallerPins:
     """Find the two pinned lines by pattern. A missing digest is an error; a missing base
-    falls back to the directory the installer was served from."""
+    falls back to the directory the installer was served from. The declared base must
+    pass :func:`check_artifact_url` (and stay https when the installer came over https)."""
     digest = _DIGEST_LINE.search(text)
     if digest is None:
         raise ArtifactError(
@@ -90,9 +131,20 @@ def parse_installer(text: str, installer_url: str) -> InstallerPins:
                 f"installer {installer_url} declares default_artifact_base_url={base_url!r},"
                 " which is not an http(s) URL"
             )
+        check_artifact_url(
+            base_url,
+            kind=f"artifact base declared by installer {installer_url}",
+            after_https=installer_url.startswith("https://"),
+        )
     else:
         base_url = installer_url.rsplit("/", 1)[0]
-    return InstallerPins(installer_url, base_url, digest.group(1))
+    return InstallerPins(
+        installer_url,
+        base_url,
+        digest.group(1),
+        script=text,
+        installer_sha256=sha256_hex(text.encode()),
+    )
 
 
 class ArtifactFetcher:
@@ -116,8 +168,9 @@ class ArtifactFetcher:
         if http is not None and transport is not None:
             raise ValueError("pass either http or transport, not both")
         self._owns_http = http is None
+        # Redirects are followed by _open, which checks every hop's URL.
         self._http = http or httpx.AsyncClient(
-            transport=transport, follow_redirects=True, timeout=httpx.Timeout(timeout)
+            transport=transport, follow_redirects=False, timeout=httpx.Timeout(timeout)
         )
         self._user_agent = user_agent(component)
         self._installer_max_bytes = installer_max_bytes
@@ -132,8 +185,16 @@ class ArtifactFetcher:
         if self._owns_http:
             await self._http.aclose()
 
-    async def fetch_installer(self, installer_url: str) -> InstallerPins:
-        """GET the installer (200 required, at most 1 MiB) and parse its pins."""
+    async def fetch_installer(
+        self, installer_url: str, expected_sha256: str | None = None
+    ) -> InstallerPins:
+        """GET the installer (200 required, at most 1 MiB) and parse its pins.
+
+        With ``expected_sha256`` (a deployment's pin) an installer with another digest is
+        refused with :class:`ArtifactDigestMismatch` naming the URL and both digests.
+        """
+        expected = _checked_digest(expected_sha256) if expected_sha256 else None
+        check_artifact_url(installer_url, kind="installer")
 
         async def attempt(number: int, remaining: float) -> bytes:
             chunks: list[bytes] = []
@@ -145,16 +206,25 @@ class ArtifactFetcher:
             return b"".join(chunks)
 
         body = await run_with_retry(attempt, **self._retry_args())
-        return parse_installer(body.decode("utf-8", errors="replace"), installer_url)
+        actual = sha256_hex(body)
+        if expected is not None and not hmac.compare_digest(actual, expected):
+            raise ArtifactDigestMismatch(
+                f"installer {installer_url}: SHA-256 {actual} does not match the pinned"
+                f" installerSHA256 {expected}; the installer was refused and nothing ran"
+            )
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ArtifactError(f"installer {installer_url} is not UTF-8 text") from None
+        return parse_installer(text, installer_url)
 
     async def download_library(self, url: str, expected_sha256: str, destination: Path) -> Path:
         """Stream ``url`` into ``destination`` (at most 512 MiB) if its SHA-256 matches.
 
         ``destination``'s directory must exist. The file appears atomically, mode 0644.
         """
-        expected = expected_sha256.strip().lower()
-        if not _SHA256.match(expected):
-            raise ValueError("expected_sha256 must be 64 hex digits")
+        expected = _checked_digest(expected_sha256)
+        check_artifact_url(url, kind="library")
 
         async def attempt(number: int, remaining: float) -> Path:
             return await self._download_once(url, expected, destination)
@@ -210,12 +280,13 @@ class ArtifactFetcher:
         endpoint = f"artifact:{kind}"
         with request_span(self._tracer, "GET", endpoint, 1) as span:
             try:
-                async with self._http.stream(
-                    "GET", url, headers={"User-Agent": self._user_agent}
-                ) as response:
+                response = await self._open(url, kind)
+                try:
                     status_label = str(response.status_code)
                     mark_span_status(span, response.status_code)
                     await self._consume(response, url, limit, kind, take)
+                finally:
+                    await response.aclose()
             except ArtifactError as exc:
                 mark_span_status(span, None, str(exc))
                 raise
@@ -232,6 +303,24 @@ class ArtifactFetcher:
                 self._metrics.requests.labels("GET", endpoint, status_label).inc()
                 elapsed = time.perf_counter() - started
                 self._metrics.latency.labels("GET", endpoint).observe(elapsed)
+
+    async def _open(self, url: str, kind: str) -> httpx.Response:
+        """GET ``url``, following redirects whose every hop passes :func:`check_artifact_url`."""
+        current = url
+        https_seen = url.startswith("https://")
+        for _ in range(MAX_REDIRECTS + 1):
+            request = self._http.build_request(
+                "GET", current, headers={"User-Agent": self._user_agent}
+            )
+            response = await self._http.send(request, stream=True, follow_redirects=False)
+            if not response.has_redirect_location:
+                return response
+            target = str(response.url.join(response.headers["location"]))
+            await response.aclose()
+            check_artifact_url(target, kind=f"{kind} {url} redirected to", after_https=https_seen)
+            https_seen = https_seen or target.startswith("https://")
+            current = target
+        raise ArtifactError(f"{kind} {url} redirected more than {MAX_REDIRECTS} times")
 
     @staticmethod
     async def _consume(
@@ -256,6 +345,13 @@ class ArtifactFetcher:
             if received > limit:
                 raise ArtifactError(f"{kind} {url} exceeds the {limit}-byte limit")
             await take(chunk)
+
+
+def _checked_digest(value: str) -> str:
+    digest = value.strip().lower()
+    if not _SHA256.match(digest):
+        raise ValueError("a pinned SHA-256 must be 64 hex digits")
+    return digest
 
 
 def _open_exclusive(path: Path) -> IO[bytes]:

@@ -228,9 +228,9 @@ async def test_fake_artifact_host_round_trip(
         registry=CollectorRegistry(),
         retry=RetryPolicy(max_attempts=1),
     )
-    installer = "http://fake-thunder/artifacts/install.sh"
+    installer = "http://127.0.0.1/artifacts/install.sh"
     pins = await fetcher.fetch_installer(installer)
-    assert pins.artifact_base_url == "http://fake-thunder/artifacts"
+    assert pins.artifact_base_url == "http://127.0.0.1/artifacts"
     assert pins.libthunder_sha256 == LIBRARY_SHA256
     target = tmp_path / "libthunder.so"
     await fetcher.download_library(pins.library_url, pins.libthunder_sha256, target)
