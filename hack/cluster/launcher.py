@@ -25,6 +25,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -121,6 +122,24 @@ class ClusterConfig:
     emulated_version: str | None = None
     feature_gates: dict[str, bool] = field(default_factory=dict)
     audit: bool = True
+    # Opt-in, for benchmarks: fields of a KubeSchedulerConfiguration
+    # (kubescheduler.config.k8s.io/v1) such as {"percentageOfNodesToScore": 10}. The
+    # launcher adds clientConnection and leaderElection, which a config file must carry
+    # (the scheduler then ignores --kubeconfig). None (the default): no config file.
+    scheduler_config: dict[str, Any] | None = None
+    # Opt-in: a kube-scheduler binary to run instead of the cached build's.
+    scheduler_binary: Path | None = None
+    # Opt-in, for a real node (hack.node): the Service range (default: loopback), more
+    # IP addresses in the apiserver's serving certificate (e.g. the `kubernetes` Service
+    # address on a test bridge), webhook and aggregated-API calls to endpoint IPs
+    # (no kube-proxy), nodes that get a kubelet certificate and kubeconfig (and the
+    # apiserver a kubelet client certificate), and more kube-controller-manager
+    # controllers (e.g. node-lifecycle-controller, which clears the not-ready taint).
+    service_cidr: str | None = None
+    apiserver_ips: tuple[str, ...] = ()
+    aggregator_routing: bool = False
+    nodes: tuple[str, ...] = ()
+    extra_controllers: tuple[str, ...] = ()
 
     def gates(self) -> dict[str, bool]:
         gates = dict.fromkeys(_GATE_NEEDED.get(self.emulated_version or BINARY_VERSION, ()), True)
@@ -157,6 +176,10 @@ class Cluster:
         self.kubeconfig = self.workdir / "kubeconfig"
         self.audit_log = self.workdir / "audit.log"
         self.server = ""
+        self.scheduler_port = 0
+        self.ca_cert = self.workdir / "pki" / "ca.crt"
+        # Node name -> kubeconfig of its kubelet (config.nodes).
+        self.node_kubeconfigs: dict[str, Path] = {}
         self._procs: list[_Proc] = []
 
     # -- lifecycle -----------------------------------------------------------------
@@ -191,7 +214,7 @@ class Cluster:
             "apiserver",
             "kube-apiserver",
             dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-            ip_addresses=("127.0.0.1", "127.254.0.1"),
+            ip_addresses=("127.0.0.1", "127.254.0.1", *self.config.apiserver_ips),
             server=True,
         )
         sa_key, sa_pub = service_account_key(pki)
@@ -241,7 +264,7 @@ class Cluster:
             # Services get loopback ClusterIPs: when the apiserver calls a webhook or an
             # aggregated API through a Service, it dials an address on this machine, where
             # nothing listens, and never a private-range address on some real network.
-            "--service-cluster-ip-range=127.254.0.0/24",
+            f"--service-cluster-ip-range={self.config.service_cidr or '127.254.0.0/24'}",
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",
@@ -255,6 +278,24 @@ class Cluster:
             f"--proxy-client-key-file={proxy_client.key}",
             *common,
         ]
+        if self.config.aggregator_routing:
+            api_args.append("--enable-aggregator-routing=true")
+        node_certs = {
+            name: ca.issue(f"node-{name}", f"system:node:{name}", organizations=("system:nodes",))
+            for name in self.config.nodes
+        }
+        if node_certs:
+            kubelet_client = ca.issue(
+                "apiserver-kubelet-client",
+                "kube-apiserver-kubelet-client",
+                organizations=("system:masters",),
+            )
+            api_args += [
+                f"--kubelet-client-certificate={kubelet_client.cert}",
+                f"--kubelet-client-key={kubelet_client.key}",
+                # Never resolve a node's name through the machine's resolver.
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
         if self.config.audit:
             policy = self.workdir / "audit-policy.yaml"
             policy.write_text(yaml.safe_dump(_AUDIT_POLICY))
@@ -273,9 +314,14 @@ class Cluster:
         )
         kcm_kc = self.workdir / "controller-manager.kubeconfig"
         self._write_kubeconfig(kcm_kc, ca.cert_path, kcm_cert.cert, kcm_cert.key, "kcm")
+        for name, pair in node_certs.items():
+            path = self.workdir / f"node-{name}.kubeconfig"
+            self._write_kubeconfig(path, ca.cert_path, pair.cert, pair.key, f"node-{name}")
+            self.node_kubeconfigs[name] = path
         self._wait_apiserver(ca.cert_path, admin.cert, admin.key)
 
         sched_port, kcm_port = free_port(), free_port()
+        self.scheduler_port = sched_port
         self._spawn(
             "kube-scheduler",
             [
@@ -285,8 +331,10 @@ class Cluster:
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={sched_port}",
+                *self._scheduler_config_flags(sched_kc),
                 *common,
             ],
+            binary=self.config.scheduler_binary,
         )
         self._spawn(
             "kube-controller-manager",
@@ -297,7 +345,7 @@ class Cluster:
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={kcm_port}",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join((*CONTROLLERS, *self.config.extra_controllers))}",
                 f"--service-account-private-key-file={sa_key}",
                 f"--root-ca-file={ca.cert_path}",
                 "--use-service-account-credentials=true",
@@ -308,6 +356,23 @@ class Cluster:
         self._wait_http(
             f"https://127.0.0.1:{kcm_port}/healthz", "kube-controller-manager", timeout=90
         )
+
+    def _scheduler_config_flags(self, kubeconfig: Path) -> list[str]:
+        if self.config.scheduler_config is None:
+            return []
+        config: dict[str, Any] = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            **self.config.scheduler_config,
+            "clientConnection": {
+                **self.config.scheduler_config.get("clientConnection", {}),
+                "kubeconfig": str(kubeconfig),
+            },
+            "leaderElection": {"leaderElect": False},
+        }
+        path = self.workdir / "scheduler-config.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return [f"--config={path}"]
 
     def _common_flags(self) -> list[str]:
         flags = []
@@ -362,11 +427,11 @@ class Cluster:
                 events.append(json.loads(line))
         return events
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], binary: Path | None = None) -> None:
         log = self.workdir / f"{name}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                [str(self.bin_dir / name), *args],
+                [str(binary or self.bin_dir / name), *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
