@@ -9,6 +9,12 @@ dropped. :meth:`CheckpointStore.load_or_set_aside` moves the bad file aside (kep
 inspection as ``<name>.corrupt-<time>``) and starts empty; the daemon then rebuilds its
 view from what else survives (mint journal, Client resources, CDI spec files).
 
+A failed write (disk full, EIO) changes nothing: the file keeps its previous content,
+and the in-memory copy is put back to what the file holds for the claims the failed write
+carried, so every decision taken afterwards (a rollback asking whether a claim was
+committed) is taken from durable state. The writer is substitutable
+(:data:`CheckpointWriter`) so tests can make it fail.
+
 A checkpoint holds identifiers only (enrollment token ID, client ID), never a token:
 the models have no field that could hold one and reject unknown fields.
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +36,14 @@ from thunder_dra import fsutil
 
 CHECKPOINT_VERSION = 1
 CHECKPOINT_FILE_NAME = "checkpoint.json"
+
+# (path, content, mode): replace the file atomically and durably, or raise OSError.
+CheckpointWriter = Callable[[Path, bytes, int], None]
+
+
+def write_file(path: Path, content: bytes, mode: int) -> None:
+    """The production :data:`CheckpointWriter`: :func:`thunder_dra.fsutil.write_atomic`."""
+    fsutil.write_atomic(path, content, mode=mode)
 
 
 class CheckpointError(Exception):
@@ -169,14 +184,27 @@ class CheckpointStore:
     the change is on disk. Concurrent changes share writes (group commit): a change made
     while a write is in flight is persisted by the next write, together with every other
     change made meanwhile, so twenty claims prepared at once cost two fsync'ed writes, not
-    twenty. If a write fails the caller sees the error; the change stays in memory and
-    the next successful write persists it (an extra entry is cleaned up by unprepare,
-    a missing one would leak).
+    twenty.
+
+    If a write fails the caller sees the error and its change is undone in memory: the
+    claim is put back as the file holds it (:attr:`durable`), unless it changed again
+    since (that later change has its own write to wait for). So after a failure
+    :attr:`current` never holds a claim the file does not, and a rollback deciding from
+    it decides from what survives a crash.
     """
 
-    def __init__(self, directory: Path, file_name: str = CHECKPOINT_FILE_NAME) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        file_name: str = CHECKPOINT_FILE_NAME,
+        *,
+        writer: CheckpointWriter = write_file,
+    ) -> None:
         self.path = directory / file_name
+        self._writer = writer
         self._current = Checkpoint()
+        self._durable = Checkpoint()  # what the file holds
+        self.found = False  # whether the file existed at the last load (or was written)
         self._lock = asyncio.Lock()
         self._changes = 0  # mutations of _current so far
         self._persisted = 0  # value of _changes that the file reflects
@@ -185,15 +213,22 @@ class CheckpointStore:
     def current(self) -> Checkpoint:
         return self._current
 
+    @property
+    def durable(self) -> Checkpoint:
+        """The checkpoint as last read from or written to the file."""
+        return self._durable
+
     async def load(self) -> Checkpoint:
         """Read and verify the file; a missing file is an empty checkpoint."""
         try:
             data = await fsutil.read_bytes_async(self.path)
         except FileNotFoundError:
             checkpoint = Checkpoint()
+            self.found = False
         else:
             checkpoint = decode_checkpoint(data, self.path)
-        self._current = checkpoint
+            self.found = True
+        self._current = self._durable = checkpoint
         self._persisted = self._changes
         return checkpoint
 
@@ -209,25 +244,32 @@ class CheckpointStore:
             return await self.load(), None
         except CheckpointCorruptError:
             moved = await fsutil.move_aside_async(self.path)
-            self._current = Checkpoint()
+            self.found = False
+            self._current = self._durable = Checkpoint()
+            self._persisted = self._changes
             return self._current, moved
 
     async def save(self, checkpoint: Checkpoint) -> None:
-        """Replace the whole checkpoint."""
+        """Replace the whole checkpoint; on failure memory is put back to the file's."""
         self._mutate(checkpoint)
-        await self._flush()
+
+        def revert() -> None:
+            if self._current is checkpoint:
+                self._mutate(self._durable)
+
+        await self._flush(revert)
 
     async def put(self, claim: PreparedClaim) -> Checkpoint:
         """Add or replace one claim and persist."""
         self._mutate(self._current.with_claim(claim))
-        await self._flush()
+        await self._flush(lambda: self._revert(claim.uid, claim))
         return self._current
 
     async def drop(self, uid: str) -> Checkpoint:
         """Remove one claim (absent is fine) and persist."""
         if uid in self._current.claims:
             self._mutate(self._current.without_claim(uid))
-            await self._flush()
+            await self._flush(lambda: self._revert(uid, None))
         return self._current
 
     def _mutate(self, checkpoint: Checkpoint) -> None:
@@ -235,20 +277,39 @@ class CheckpointStore:
         self._current = checkpoint
         self._changes += 1
 
-    async def _flush(self) -> None:
+    def _revert(self, uid: str, mine: PreparedClaim | None) -> None:
+        """Undo a failed change of claim ``uid`` (``mine``: what it set, None for a drop)."""
+        if self._current.claims.get(uid) is not mine:
+            return  # changed again since the failed write: that change has its own write
+        durable = self._durable.claims.get(uid)
+        if durable is None:
+            if uid in self._current.claims:
+                self._mutate(self._current.without_claim(uid))
+        else:
+            self._mutate(self._current.with_claim(durable))
+
+    async def _flush(self, revert: Callable[[], None]) -> None:
         wanted = self._changes
         async with self._lock:
             if self._persisted >= wanted:
                 return  # a write that started after our change already covered it
             snapshot, covers = self._current, self._changes
-            # Encoded in the writer thread too: O(prepared claims), off the event loop.
-            # The snapshot is immutable (frozen models, a dict never mutated in place).
-            await asyncio.to_thread(self._write_sync, snapshot)
+            try:
+                # Encoded in the writer thread too: O(prepared claims), off the event
+                # loop. The snapshot is immutable (frozen models, a dict never mutated).
+                await asyncio.to_thread(self._write_sync, snapshot)
+            except Exception:
+                # The file is unchanged (atomic write). Undone under the lock, so the next
+                # write, whoever makes it, no longer carries this change.
+                revert()
+                raise
             self._persisted = max(self._persisted, covers)
+            self._durable = snapshot
+            self.found = True
 
     def _write_sync(self, snapshot: Checkpoint) -> None:
         content = encode_checkpoint(snapshot)
         if not self.path.parent.is_dir():
             # Only a missing directory gets a mode: it may be the shared plugin directory.
             fsutil.ensure_dir(self.path.parent, 0o700)
-        fsutil.write_atomic(self.path, content, mode=0o600)
+        self._writer(self.path, content, 0o600)

@@ -14,9 +14,11 @@ The order (architecture.md, Prepare), every step safe to crash after:
 7. commit the checkpoint, close the journal entry, answer.
 
 Any failure rolls the attempt back through the journal (:mod:`rollback`), and the error
-says which step failed. The enrollment token lives only in memory between mint and
-exchange (or until the VM's Secret is written); it is registered with the log scrubber
-for that time.
+says which step failed. The rollback reads the entry back from disk and decides from the
+checkpoint file, never from memory a failed write left behind; IDs this attempt learned
+but could not journal (a disk that filled up between mint and record) are revoked too.
+The enrollment token lives only in memory between mint and exchange (or until the VM's
+Secret is written); it is registered with the log scrubber for that time.
 
 A claim already in the checkpoint gets the same answer again, after :meth:`Preparer.repair`
 restored what is missing: the CDI spec (e.g. ``/var/run/cdi`` emptied by a reboot), the
@@ -113,6 +115,15 @@ class PrepareDeps:
     crash: CrashPoints
     scrubber: SecretScrubber
     abandoned: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Attempt:
+    """IDs one enrollment attempt learned, in memory, whether or not they reached the
+    journal: a rollback revokes them even when the journal write failed."""
+
+    token_id: str | None = None
+    client_id: str | None = None
 
 
 def library_of(prepared: PreparedClaim) -> Path | None:
@@ -221,10 +232,11 @@ class Preparer:
             claim_name=plan.name,
         )
         d.crash.reached("prepare:journal-begun")
+        attempt = Attempt()
         try:
-            prepared = await self._enroll_steps(plan, entry)
+            prepared = await self._enroll_steps(plan, entry, attempt)
         except Exception as err:
-            await self._roll_back(entry)
+            await self._roll_back(entry, attempt)
             if isinstance(err, ClaimError):
                 raise
             if isinstance(err, KubeError):
@@ -234,15 +246,41 @@ class Preparer:
                     f"writing claim files failed: {err}", ErrorReason.FILESYSTEM
                 ) from err
             raise
-        await d.journal.close(entry.entry_id)
+        try:
+            await d.journal.close(entry.entry_id)
+        except OSError as err:
+            # The claim is committed in the checkpoint file: an entry left open is closed
+            # as committed by the next start-up or sweep, so this is not the claim's error.
+            log.warning(
+                "closing the journal entry of a committed claim failed; left for recovery",
+                extra={"claim_uid": plan.uid, "entry": entry.entry_id, "error": str(err)},
+            )
         d.crash.reached("prepare:journal-closed")
         return prepared
 
-    async def _roll_back(self, entry: JournalEntry) -> None:
+    async def _roll_back(self, entry: JournalEntry, attempt: Attempt) -> None:
         try:
             current = await self.d.journal.get(entry.entry_id)
         except JournalEntryNotFound:
             return  # settled already: nothing was minted
+        except Exception as err:  # unreadable (EIO): what we began, plus what we learned
+            log.warning(
+                "reading back a journal entry for rollback failed",
+                extra={"claim_uid": entry.claim_uid, "entry": entry.entry_id, "error": str(err)},
+            )
+            current = entry
+        known = {
+            key: value
+            for key, value in (
+                ("enrollment_token_id", attempt.token_id),
+                ("client_id", attempt.client_id),
+            )
+            if value and not getattr(current, key)
+        }
+        if known:
+            # Learned but never journaled (the write failed): revoked all the same. Not
+            # persisted: if this rollback fails too, the log line below names the IDs.
+            current = current.model_copy(update=known)
         try:
             await self.d.undo.roll_back(self.d.journal, current)
         except Exception as err:
@@ -250,13 +288,21 @@ class Preparer:
             self.d.abandoned.add(entry.entry_id)
             log.error(
                 "rolling back a failed prepare failed; will retry",
-                extra={"claim_uid": entry.claim_uid, "entry": entry.entry_id, "error": str(err)},
+                extra={
+                    "claim_uid": entry.claim_uid,
+                    "entry": entry.entry_id,
+                    "enrollment_token_id": current.enrollment_token_id,
+                    "client_id": current.client_id,
+                    "error": str(err),
+                },
             )
 
-    async def _enroll_steps(self, plan: Plan, entry: JournalEntry) -> PreparedClaim:
+    async def _enroll_steps(
+        self, plan: Plan, entry: JournalEntry, attempt: Attempt
+    ) -> PreparedClaim:
         d = self.d
         minted = await self._mint(plan, entry)
-        token_id = minted.enrollment_token_id
+        token_id = attempt.token_id = minted.enrollment_token_id
         key = d.scrubber.add(minted.enrollment_token)
         client_id: str | None = None
         paths: tuple[str, ...] = ()
@@ -271,12 +317,14 @@ class Preparer:
                     token=minted.enrollment_token,
                     token_id=token_id,
                     script=guest_install_script(
-                        api_url=d.config.api_url, install_url=d.config.installer_url
+                        api_url=d.config.api_url,
+                        install_url=d.config.installer_url,
+                        installer_sha256=d.config.installer_sha256,
                     ),
                 )
                 d.crash.reached("prepare:secret-written")
             else:
-                client_id, paths = await self._exchange(plan, entry, minted)
+                client_id, paths = await self._exchange(plan, entry, minted, attempt)
         finally:
             d.scrubber.remove(key)
         record = ClientRecord(
@@ -321,7 +369,7 @@ class Preparer:
         return prepared
 
     async def _exchange(
-        self, plan: Plan, entry: JournalEntry, minted: MintedToken
+        self, plan: Plan, entry: JournalEntry, minted: MintedToken, attempt: Attempt
     ) -> tuple[str, tuple[str, ...]]:
         d = self.d
         try:
@@ -331,7 +379,7 @@ class Preparer:
                 f"Thunder exchange failed: {err}", ErrorReason.THUNDER_EXCHANGE
             ) from None
         d.crash.reached("prepare:exchanged")
-        client_id = exchange.claims.client_id
+        client_id = attempt.client_id = exchange.claims.client_id
         await d.journal.record_client_id(entry.entry_id, client_id)
         d.crash.reached("prepare:client-id-recorded")
         config = client_config_from_exchange(

@@ -6,7 +6,8 @@ so a crash half-way through is finished by simply running it again.
 Rolling back an open journal entry (at start-up, after a failed prepare, or for a dead
 daemon instance's journal):
 
-- an entry whose claim is committed in the checkpoint with the entry's token ID, or a
+- an entry whose claim is committed in the checkpoint *file* with the entry's token ID
+  (:attr:`CheckpointStore.durable`: a change whose write failed does not count), or a
   node enrollment recorded in ``node-enrollment.json`` with it, succeeded: it is closed;
 - an entry without a token ID cannot be undone (the API cannot list tokens): it is closed
   and reported, once, as an unrevocable mint; the code keeps that window to one write;
@@ -160,12 +161,12 @@ class Undo:
         if entry.purpose is MintPurpose.NODE_ENROLLMENT:
             current = self.node.current_token_id() if self.node is not None else None
             return current == entry.enrollment_token_id
-        prepared = self.checkpoint.current.claims.get(entry.claim_uid or "")
+        prepared = self.checkpoint.durable.claims.get(entry.claim_uid or "")
         return prepared is not None and prepared.enrollment_token_id == entry.enrollment_token_id
 
     async def _remove_attempt(self, entry: JournalEntry, token_id: str) -> None:
         uid = entry.claim_uid or ""
-        if uid not in self.checkpoint.current.claims:
+        if uid not in self.checkpoint.durable.claims:
             await self.remove_claim_files(uid)
         elif entry.client_id and await self._config_client_id(uid) == entry.client_id:
             # A re-enrollment of a committed claim wrote this revoked client's config:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from kubernetes import client as k8s_client
 
 from hack.cluster import free_port
 from hack.cluster.nodes import create_node, delete_node
@@ -536,3 +537,76 @@ def mints(
         ):
             found.append(write)
     return found
+
+
+@dataclass(frozen=True)
+class DirectClaim:
+    """A ResourceClaim allocated by the test itself, for calls straight on the DRA socket."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+def allocated_claims(
+    kube: Kube, namespace: str, pool: ZonePool, count: int, prefix: str = "c"
+) -> list[DirectClaim]:
+    """``count`` ResourceClaims given ``status.allocation`` on ``pool`` through the status
+    subresource, as the scheduler would (no pod: the claim's name is the client's)."""
+    custom = k8s_client.CustomObjectsApi(kube.api_client)
+    [piece] = [n for kind, n in pool._published if kind == "ResourceSlice"][:1]
+    published = kube.get(RESOURCE, "ResourceSlice", piece) or {}
+    pool_name = published["spec"]["pool"]["name"]
+    devices = [d["name"] for d in published["spec"]["devices"]]
+    claims = []
+    for index in range(count):
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}-{index}"
+        body = {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": pool.device_class}}]
+                }
+            },
+        }
+        created = kube.create(body)
+        result = {
+            "request": "gpu",
+            "driver": DRIVER,
+            "pool": pool_name,
+            "device": devices[index % len(devices)],
+        }
+        status = {"status": {"allocation": {"devices": {"results": [result]}}}}
+        custom.patch_namespaced_custom_object_status(
+            "resource.k8s.io", "v1", namespace, "resourceclaims", name, status
+        )
+        claims.append(DirectClaim(namespace, name, str(created["metadata"]["uid"])))
+    return claims
+
+
+def dra_prepare(daemon: DaemonProcess, claims: list[DirectClaim], timeout: float = 45) -> Any:
+    """One NodePrepareResources call for ``claims``; the per-claim answers by UID."""
+    with grpc.insecure_channel(f"unix:{daemon.dra_socket}") as channel:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+        request = dra_v1_pb2.NodePrepareResourcesRequest(
+            claims=[dra_v1_pb2.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
+        )
+        return stub.NodePrepareResources(request, timeout=timeout).claims
+
+
+def dra_unprepare(daemon: DaemonProcess, claims: list[DirectClaim], timeout: float = 45) -> Any:
+    """One NodeUnprepareResources call; the per-claim answers by UID."""
+    with grpc.insecure_channel(f"unix:{daemon.dra_socket}") as channel:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+        request = dra_v1_pb2.NodeUnprepareResourcesRequest(
+            claims=[dra_v1_pb2.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
+        )
+        return stub.NodeUnprepareResources(request, timeout=timeout).claims
+
+
+def live_clients(fake: FakeThunderProcess, zone_id: str) -> list[dict[str, Any]]:
+    """Thunder clients of ``zone_id`` that are not decommissioned."""
+    clients = fake.admin.state().get("clients", [])
+    return [c for c in clients if c["zoneId"] == zone_id and not c.get("decommissionedAt")]
