@@ -20,6 +20,14 @@ missing, or exists with another UID (a new claim reusing the name).
 
 A revocation that fails (Thunder down) is recorded in `status.message` and a Warning
 event, and tried again on the next reaper pass.
+
+Only enrollments this driver recorded are revoked. Anyone allowed to create a Client
+could name another tenant's enrollment token ID in it, so before revoking, the reaper
+checks the Client's provenance signature (`thunder_dra.kube.provenance`: an HMAC the
+daemon computes over the namespace, name, claim UID, token ID and client ID with a key
+derived from the Thunder API token). A Client without a valid one is not revoked: the
+reaper posts a Warning event (`NotRecordedByDriver`), deletes the record and drops its
+finalizer, and counts it as `unverified` in `thunder_operator_clients_reaped_total`.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from thunder_dra.controllers.kubeapi import CLIENTS, KubeApi, KubeError
 from thunder_dra.controllers.listing import ClaimIndex
 from thunder_dra.controllers.metrics import OperatorMetrics
 from thunder_dra.controllers.status import utcnow
+from thunder_dra.kube.provenance import ANNOTATION, ProvenanceKey
 from thunder_dra.thunder import ThunderClient, ThunderError
 
 _log = logging.getLogger(__name__)
@@ -88,6 +97,8 @@ class ReaperPass:
     orphaned: int = 0
     revoked: int = 0
     failed: int = 0
+    unverified: int = 0
+    """Orphans removed without revoking: not recorded by this driver."""
     next_check: timedelta | None = None
     phases: Counter[str] | None = None
 
@@ -99,6 +110,18 @@ def _ref(client: Client) -> ObjectRef:
         name=client.metadata.name,
         uid=client.metadata.uid or "",
         namespace=client.metadata.namespace,
+    )
+
+
+def recorded_by_driver(client: Client, provenance: ProvenanceKey) -> bool:
+    """Whether the daemon of this driver signed `client` as it stands."""
+    return provenance.verify(
+        client.metadata.annotations.get(ANNOTATION),
+        namespace=client.metadata.namespace or "",
+        name=client.metadata.name,
+        claim_uid=client.spec.claim.uid,
+        enrollment_token_id=client.spec.enrollment_token_id,
+        client_id=client.status.client_id if client.status else None,
     )
 
 
@@ -121,8 +144,13 @@ class Reaper:
         claims: ClaimIndex,
         grace: timedelta,
         thunder: ThunderClient | None,
+        provenance: ProvenanceKey | None,
     ) -> ReaperPass:
-        """Decide and act for every Client; `thunder` None means revocation must wait."""
+        """Decide and act for every Client.
+
+        `thunder` None means revocation must wait; `provenance` (derived from the same API
+        token) tells the driver's own records from others, and None makes revocation wait.
+        """
         result = ReaperPass(phases=Counter())
         now = utcnow()
         for raw in clients:
@@ -142,7 +170,7 @@ class Reaper:
             key = (client.metadata.namespace or "", client.spec.claim.name)
             decision = decide(client, claims.uids.get(key), now, grace)
             try:
-                await self._act(client, decision, now, thunder, result)
+                await self._act(client, decision, now, thunder, provenance, result)
             except KubeError as exc:
                 if not exc.not_found:
                     _log.warning(
@@ -161,6 +189,7 @@ class Reaper:
         decision: Decision,
         now: datetime,
         thunder: ThunderClient | None,
+        provenance: ProvenanceKey | None,
         result: ReaperPass,
     ) -> None:
         meta = client.metadata
@@ -195,8 +224,12 @@ class Reaper:
                     "this Client until its enrollment is revoked",
                 )
         elif decision.verdict is Verdict.REVOKE:
-            if thunder is None:
+            if thunder is None or provenance is None:
                 result.failed += 1
+                return
+            if not recorded_by_driver(client, provenance):
+                await self._disown(client, fields)
+                result.unverified += 1
                 return
             if await self._revoke(client, thunder, path, fields):
                 result.revoked += 1
@@ -250,6 +283,24 @@ class Reaper:
             extra={**fields, "enrollment_token_id": token_id, "client_id": client_id},
         )
         return True
+
+    async def _disown(self, client: Client, fields: dict[str, Any]) -> None:
+        """Remove an orphaned Client this driver did not record, revoking nothing."""
+        token_id = client.spec.enrollment_token_id
+        _log.warning(
+            "orphaned client has no valid provenance signature; removed without revoking",
+            extra={**fields, "enrollment_token_id": token_id},
+        )
+        await self._events.post(
+            _ref(client),
+            "Warning",
+            "NotRecordedByDriver",
+            f"this Client was not recorded by the Thunder DRA daemon (no valid {ANNOTATION} "
+            f"signature), so enrollment token {token_id or '-'} is not revoked; the record "
+            "is removed",
+        )
+        await self._release(client)
+        self._metrics.clients_reaped.labels("unverified").inc()
 
     async def _release(self, client: Client) -> None:
         """Delete the Client (if not already) and drop the finalizer that holds it."""

@@ -44,6 +44,7 @@ from thunder_dra.controllers.status import (
     utcnow,
 )
 from thunder_dra.controllers.thunderaccess import ThunderClients, TokenUnavailable, read_token
+from thunder_dra.kube.provenance import ProvenanceKey
 
 RECONCILE_ANNOTATION: Final = f"{DOMAIN}/reconcile-requested"
 """Changing this annotation's value asks for an immediate pass, e.g. `kubectl annotate
@@ -327,16 +328,18 @@ class ClusterLoop:
         started = time.monotonic()
         try:
             thunder = None
+            key = None
             try:
                 token = await read_token(services.kube, cluster.spec.thunder)
                 thunder = await services.thunder_clients.get(cluster.spec.thunder.api_url, token)
+                key = ProvenanceKey(token)
             except TokenUnavailable as exc:
                 _log.debug("reaper cannot revoke without the token", extra={"error": str(exc)})
             clients, claims = await asyncio.gather(
                 services.kube.list_all(CLIENTS.collection()),
                 list_claims(services.kube, cluster.spec.operator.driver_name),
             )
-            outcome = await services.reaper.run_pass(clients, claims, grace, thunder)
+            outcome = await services.reaper.run_pass(clients, claims, grace, thunder, key)
         except KubeError as exc:
             services.metrics.reconcile_errors.labels("reaper", exc.reason or "error").inc()
             _log.warning("client reaper pass failed", extra={"error": str(exc)})

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from thunder_dra import fsutil
+from thunder_dra.kube.provenance import ProvenanceKey
 from thunder_dra.plugin.allocation import PoolResolver, ZoneIds
 from thunder_dra.plugin.cdi import CdiSpecStore
 from thunder_dra.plugin.checkpoint import CheckpointStore, CheckpointVersionError
@@ -169,7 +170,7 @@ class Daemon:
         )
         checkpoint = CheckpointStore(cfg.checkpoint_dir)
         cdi = CdiSpecStore(cfg.cdi_dir)
-        records = Records(kube, node.name)
+        records = Records(kube, node.name, ProvenanceKey(cfg.api_token))
         undo = Undo(
             thunder=thunder,
             cdi=cdi,

@@ -33,7 +33,7 @@ from thunder_dra.api import (
     ZoneReference,
 )
 from thunder_dra.api.constants import CLIENT_KIND, DOMAIN
-from thunder_dra.kube import naming
+from thunder_dra.kube import naming, provenance
 from thunder_dra.plugin.guest import GUEST_SCRIPT_KEY, GUEST_TOKEN_KEY, guest_secret_name
 from thunder_dra.plugin.kubeapi import JSON, KubeApi, KubeConflict, KubeError, KubeNotFound
 from thunder_dra.thunder import Secret
@@ -119,16 +119,19 @@ def _token_id_of(client: JSON) -> str:
 
 
 class Records:
-    def __init__(self, kube: KubeApi, node_name: str) -> None:
+    def __init__(
+        self, kube: KubeApi, node_name: str, provenance_key: provenance.ProvenanceKey
+    ) -> None:
         self._kube = kube
         self._node = node_name
+        self._provenance = provenance_key
 
     # Clients
 
     async def record_client(self, record: ClientRecord) -> None:
         """Create (or bring up to date) the Client, then set its status."""
         try:
-            await self._kube.create_client(record.namespace, record.body())
+            await self._kube.create_client(record.namespace, self._client_body(record))
         except KubeConflict:
             await self._adopt(record)
         await self._kube.patch_client_status(record.namespace, record.name, record.status())
@@ -140,13 +143,32 @@ class Records:
             # A record on its way out (an earlier unprepare, or the reaper): let it go and
             # start a fresh one; its enrollment is revoked by whoever deleted it.
             await self._release_finalizer(record.namespace, record.name)
-            await self._kube.create_client(record.namespace, record.body())
+            await self._kube.create_client(record.namespace, self._client_body(record))
             return
         finalizers = list(metadata.get("finalizers") or [])
         if CLIENT_FINALIZER not in finalizers:
             finalizers.append(CLIENT_FINALIZER)
-        patch = {"metadata": {"finalizers": finalizers}, "spec": record.spec()}
+        patch = {
+            "metadata": {"finalizers": finalizers, "annotations": self._provenance_of(record)},
+            "spec": record.spec(),
+        }
         await self._kube.patch_client(record.namespace, record.name, patch)
+
+    def _provenance_of(self, record: ClientRecord) -> dict[str, str]:
+        """The signature that lets the operator's reaper revoke this enrollment."""
+        signature = self._provenance.sign(
+            namespace=record.namespace,
+            name=record.name,
+            claim_uid=record.claim_uid,
+            enrollment_token_id=record.enrollment_token_id,
+            client_id=record.client_id,
+        )
+        return {provenance.ANNOTATION: signature}
+
+    def _client_body(self, record: ClientRecord) -> dict[str, Any]:
+        body = record.body()
+        body["metadata"]["annotations"] = self._provenance_of(record)
+        return body
 
     async def get_client(self, namespace: str, claim_uid: str) -> JSON | None:
         try:

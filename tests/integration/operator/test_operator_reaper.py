@@ -27,7 +27,8 @@ from tests.integration.operator.harness import (
     operator_env,
 )
 from tests.support.kube import Kube, wait_for
-from thunder_dra.thunder import ThunderClient
+from thunder_dra.kube.provenance import ANNOTATION, ProvenanceKey
+from thunder_dra.thunder import Secret, ThunderClient
 
 GRACE = "4s"
 FINALIZER = "thundercompute.com/client-cleanup"
@@ -85,12 +86,28 @@ def record_client(
     claim: tuple[str, str],
     token_id: str,
     client_id: str,
+    *,
+    provenance: str | None = None,
 ) -> None:
-    """The Client the daemon writes for a prepared claim, with its finalizer."""
+    """The Client the daemon writes for a prepared claim, with its finalizer.
+
+    Signed as the daemon signs it, unless `provenance` gives the annotation to write
+    ("" for none)."""
+    if provenance is None:
+        provenance = ProvenanceKey(Secret(API_TOKEN)).sign(
+            namespace=namespace,
+            name=name,
+            claim_uid=claim[1],
+            enrollment_token_id=token_id,
+            client_id=client_id,
+        )
+    metadata: dict[str, Any] = {"name": name, "finalizers": [FINALIZER]}
+    if provenance:
+        metadata["annotations"] = {ANNOTATION: provenance}
     body = {
         "apiVersion": THUNDER_API,
         "kind": "Client",
-        "metadata": {"name": name, "finalizers": [FINALIZER]},
+        "metadata": metadata,
         "spec": {
             "claim": {"namespace": namespace, "name": claim[0], "uid": claim[1]},
             "nodeName": "node-gone",
