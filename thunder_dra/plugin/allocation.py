@@ -16,15 +16,18 @@ A Thunder client is enrolled for one zone and one model, so a claim whose device
 driver come from two pools is refused with a clear error rather than half-served.
 
 The zone's Thunder ID is resolved by display name (2.1: the smallest ID among duplicates)
-and cached for a few seconds, so a burst of claims lists zones once.
+and cached for a few seconds. Both lookups are single-flight: concurrent claims that miss
+the cache share one request (one zone list for every zone name, one slice list per
+pool), so a kubelet call with hundreds of claims lists zones once, not once per claim.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from thunder_dra.kube import naming
 from thunder_dra.plugin.kubeapi import KubeApi, KubeError
@@ -36,6 +39,41 @@ VIRT_LAUNCHER_LABEL = ("kubevirt.io", "virt-launcher")
 VM_NAME_LABELS = ("vm.kubevirt.io/name", "kubevirt.io/domain")
 # Keys a claim may pass in an opaque device config for this driver.
 _OPAQUE_KEYS = frozenset({"apiVersion", "kind", "ldPreload"})
+
+
+_K = TypeVar("_K", bound=Hashable)
+_V = TypeVar("_V")
+
+
+class SingleFlight(Generic[_K, _V]):
+    """Concurrent callers asking for the same key share one call and its outcome.
+
+    The call runs as its own task, so a caller that is cancelled (a kubelet giving up)
+    never cancels it for the others; the key is free again as soon as it finishes.
+    """
+
+    def __init__(self) -> None:
+        self._inflight: dict[_K, asyncio.Task[_V]] = {}
+        self.calls = 0  # calls actually made (for tests and the curious)
+
+    async def run(self, key: _K, call: Callable[[], Awaitable[_V]]) -> _V:
+        task = self._inflight.get(key)
+        if task is None:
+
+            async def invoke() -> _V:
+                return await call()
+
+            task = asyncio.create_task(invoke())
+            self.calls += 1
+            self._inflight[key] = task
+            task.add_done_callback(lambda done: self._done(key, done))
+        return await asyncio.shield(task)
+
+    def _done(self, key: _K, done: asyncio.Task[_V]) -> None:
+        if self._inflight.get(key) is done:
+            del self._inflight[key]
+        if not done.cancelled():
+            done.exception()  # retrieved here, whoever awaited it
 
 
 class ClaimError(Exception):
@@ -202,11 +240,15 @@ class PoolResolver:
         self._ttl = ttl
         self._clock = clock
         self._cache: dict[str, tuple[float, PoolIdentity]] = {}
+        self._flight: SingleFlight[str, PoolIdentity] = SingleFlight()
 
     async def resolve(self, pool: str) -> PoolIdentity:
         cached = self._cache.get(pool)
         if cached is not None and self._clock() - cached[0] < self._ttl:
             return cached[1]
+        return await self._flight.run(pool, lambda: self._lookup(pool))
+
+    async def _lookup(self, pool: str) -> PoolIdentity:
         zone_label, sep, type_label = pool.partition("/")
         if not sep or not zone_label or not type_label or "/" in type_label:
             raise ClaimError(
@@ -237,27 +279,39 @@ class PoolResolver:
 
 
 class ZoneIds:
-    """Zone display name to ID (2.1, smallest ID wins), cached briefly: one list per burst."""
+    """Zone display name to ID (2.1, smallest ID wins), cached briefly; one zone list
+    answers every name, and concurrent misses share it."""
 
     def __init__(self, thunder: ThunderClient, ttl: float = ZONE_ID_TTL) -> None:
         self._thunder = thunder
         self._ttl = ttl
         self._cache: dict[str, tuple[float, str]] = {}
+        self._flight: SingleFlight[str, dict[str, str]] = SingleFlight()
 
     async def resolve(self, zone_name: str) -> str:
         cached = self._cache.get(zone_name)
         if cached is not None and time.monotonic() - cached[0] < self._ttl:
             return cached[1]
+        zone_id = (await self._flight.run("zones", self._list)).get(zone_name)
+        if zone_id is None:
+            raise ClaimError(f"Thunder has no zone named {zone_name!r}", ErrorReason.THUNDER_ZONE)
+        return zone_id
+
+    async def _list(self) -> dict[str, str]:
         try:
-            zone_id = await self._thunder.resolve_zone(zone_name)
+            zones = await self._thunder.list_zones()
         except ThunderError as err:
             raise ClaimError(
                 f"Thunder zone lookup failed: {err}", ErrorReason.THUNDER_ZONE
             ) from None
-        if zone_id is None:
-            raise ClaimError(f"Thunder has no zone named {zone_name!r}", ErrorReason.THUNDER_ZONE)
-        self._cache[zone_name] = (time.monotonic(), zone_id)
-        return zone_id
+        ids: dict[str, str] = {}
+        for zone in zones:  # smallest_zone_id's rule (2.1), for every name in one pass
+            known = ids.get(zone.display_name)
+            if known is None or zone.zone_id < known:
+                ids[zone.display_name] = zone.zone_id
+        now = time.monotonic()
+        self._cache.update((name, (now, zone_id)) for name, zone_id in ids.items())
+        return ids
 
     def forget(self, zone_name: str) -> None:
         self._cache.pop(zone_name, None)

@@ -2,7 +2,11 @@
 
 One NodePrepareResources call holds the node's serialize lock (shared by calls in this
 process, exclusive against another daemon instance on the node) and prepares its claims
-concurrently, each under its own claim-UID lock. A kubelet that gives up on a call (its
+concurrently, each under its own claim-UID lock. At most ``--claim-concurrency`` claims
+(default 20) are worked on at once across all calls (:class:`ClaimSlots`); the others
+wait their turn, so a call with hundreds of claims costs a bounded number of threads,
+connections and requests in flight, and the zone and pool lookups those claims share are
+made once (:mod:`allocation`). A kubelet that gives up on a call (its
 45 s deadline) cancels the RPC, but never the work: claim work runs shielded, so an
 enrollment is never abandoned half-way by a cancellation.
 
@@ -14,12 +18,14 @@ to a Warning event on the ResourceClaim.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from opentelemetry.trace import Status, StatusCode, Tracer
+from prometheus_client import CollectorRegistry, Gauge
 
 from thunder_dra.plugin.allocation import ClaimError
 from thunder_dra.plugin.checkpoint import CheckpointStore, ClaimState, PreparedClaim
@@ -37,6 +43,7 @@ _T = TypeVar("_T")
 # The kubelet retries a failed prepare every few seconds: one event per distinct error
 # and claim in this window is enough for `kubectl describe`.
 EVENT_REPEAT_AFTER = 300.0
+DEFAULT_CLAIM_CONCURRENCY = 20  # --claim-concurrency
 
 
 def answer(prepared: PreparedClaim) -> PrepareResult:
@@ -51,6 +58,48 @@ def answer(prepared: PreparedClaim) -> PrepareResult:
             for d in prepared.devices
         )
     )
+
+
+class ClaimSlots:
+    """Bounded concurrency of claim work (prepare and unprepare), with gauges of the
+    claims in flight, the most ever in flight at once, and the bound."""
+
+    def __init__(self, limit: int, registry: CollectorRegistry) -> None:
+        if limit < 1:
+            raise ValueError(f"claim concurrency must be at least 1, got {limit}")
+        self.limit = limit
+        self._semaphore = asyncio.Semaphore(limit)
+        self.in_flight = 0
+        self.peak = 0
+        self._in_flight = Gauge(
+            "thunder_dra_daemon_claims_in_flight",
+            "Claims being prepared or unprepared right now.",
+            registry=registry,
+        )
+        self._peak = Gauge(
+            "thunder_dra_daemon_claims_in_flight_peak",
+            "The most claims prepared or unprepared at once since the daemon started.",
+            registry=registry,
+        )
+        Gauge(
+            "thunder_dra_daemon_claim_concurrency_limit",
+            "At most this many claims are worked on at once (--claim-concurrency).",
+            registry=registry,
+        ).set(limit)
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        async with self._semaphore:
+            self.in_flight += 1
+            if self.in_flight > self.peak:
+                self.peak = self.in_flight
+                self._peak.set(self.peak)
+            self._in_flight.set(self.in_flight)
+            try:
+                yield
+            finally:
+                self.in_flight -= 1
+                self._in_flight.set(self.in_flight)
 
 
 def _classify(err: Exception) -> tuple[str, ErrorReason]:
@@ -78,6 +127,7 @@ class ClaimService:
         claim_locks: KeyedLocks,
         metrics: DaemonMetrics,
         tracer: Tracer,
+        slots: ClaimSlots | None = None,
     ) -> None:
         self._preparer = preparer
         self._repairer = repairer
@@ -88,6 +138,7 @@ class ClaimService:
         self._claim_locks = claim_locks
         self._metrics = metrics
         self._tracer = tracer
+        self._slots = slots or ClaimSlots(DEFAULT_CLAIM_CONCURRENCY, metrics.registry)
         self._running: set[asyncio.Task[Any]] = set()
         self._events: dict[str, tuple[str, float]] = {}
 
@@ -125,7 +176,9 @@ class ClaimService:
             attributes={"k8s.resourceclaim.uid": ref.uid, "k8s.namespace.name": ref.namespace},
         ) as span:
             try:
-                async with self._claim_locks.hold(ref.uid):
+                # The claim's lock first: a duplicate of a claim in progress waits without
+                # taking one of the slots.
+                async with self._claim_locks.hold(ref.uid), self._slots.held():
                     result = await self._prepare_claim(ref)
             except Exception as err:
                 message, reason = _classify(err)
@@ -138,7 +191,8 @@ class ClaimService:
                     extra={**fields, "reason": reason.value, "error": message},
                     exc_info=reason is ErrorReason.INTERNAL,
                 )
-                await self._warn(ref, message)
+                async with self._slots.held():
+                    await self._warn(ref, message)
                 result = PrepareResult(error=error)
             else:
                 self._metrics.prepares.labels("success").inc()
@@ -200,7 +254,7 @@ class ClaimService:
             attributes={"k8s.resourceclaim.uid": ref.uid, "k8s.namespace.name": ref.namespace},
         ) as span:
             try:
-                async with self._claim_locks.hold(ref.uid):
+                async with self._claim_locks.hold(ref.uid), self._slots.held():
                     await self._unpreparer.unprepare(ref)
             except Exception as err:
                 message, reason = _classify(err)

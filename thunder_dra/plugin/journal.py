@@ -147,6 +147,10 @@ class MintJournal:
         entries = await asyncio.to_thread(self._list_sync)
         return sorted(entries, key=lambda e: (e.created_at, e.entry_id))
 
+    def open_entries_sync(self) -> list[JournalEntry]:
+        """The open entries, unsorted, read in the calling thread (a worker thread)."""
+        return self._list_sync()
+
     def _lock_for(self, entry_id: str) -> asyncio.Lock:
         return self._locks.setdefault(entry_id, asyncio.Lock())
 

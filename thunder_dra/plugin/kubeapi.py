@@ -5,7 +5,9 @@ JSON objects: the daemon reads a handful of fields from claims, pods, slices and
 and skipping the client's model classes keeps a prepare's API round trips cheap.
 Failures raise :class:`KubeError` (with ``status``); 404 is :class:`KubeNotFound` and
 409 :class:`KubeConflict`, so callers can treat "already gone" and "already there" as
-the idempotent outcomes they are.
+the idempotent outcomes they are. Every other failure, a timeout (``--kube-timeout`` per
+request), a reset connection or a 5xx included, is a plain :class:`KubeError` with
+``status`` None or the HTTP code: nothing else escapes a call.
 """
 
 from __future__ import annotations
@@ -81,8 +83,9 @@ def load_api_client(kubeconfig: Path | None) -> client.ApiClient:
 
 
 class KubeApi:
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(self, api_client: client.ApiClient, timeout: float = REQUEST_TIMEOUT) -> None:
         self._api = api_client
+        self._timeout = timeout
 
     def close(self) -> None:
         self._api.close()  # type: ignore[no-untyped-call]
@@ -105,7 +108,7 @@ class KubeApi:
                 query=query,
                 body=body,
                 content_type=content_type,
-                timeout=REQUEST_TIMEOUT,
+                timeout=self._timeout,
             )
             data: bytes = response.data
         except ApiException as err:
@@ -114,7 +117,10 @@ class KubeApi:
             raise KubeError(what, None, f"{type(err).__name__}: {err}") from None
         status = int(response.status)
         if 200 <= status < 300:
-            decoded: JSON = json.loads(data) if data else {}
+            try:
+                decoded: JSON = json.loads(data) if data else {}
+            except ValueError as err:
+                raise KubeError(what, status, f"answer is not JSON: {err}") from None
             return decoded
         reason = _reason(ApiException(status=status, reason=response.reason, body=data.decode()))
         error = {404: KubeNotFound, 409: KubeConflict}.get(status, KubeError)
@@ -189,6 +195,16 @@ class KubeApi:
     def _client_path(self, namespace: str, name: str = "") -> str:
         base = f"{CLIENT_API}/namespaces/{_q(namespace)}/{CLIENT_PLURAL}"
         return f"{base}/{_q(name)}" if name else base
+
+    async def list_clients(self, *, label_selector: str) -> list[JSON]:
+        """Clients in every namespace matching ``label_selector``."""
+        found = await self.request(
+            "GET",
+            f"{CLIENT_API}/{CLIENT_PLURAL}",
+            query=[("labelSelector", label_selector)],
+            what="list Clients",
+        )
+        return list(found.get("items") or [])
 
     async def get_client(self, namespace: str, name: str) -> JSON:
         return await self.request(

@@ -13,33 +13,51 @@ update is never disturbed):
    a reboot), re-create missing ``Client`` records, re-enroll claims whose
    ``config.json`` is gone.
 
-Thunder or API failures here are logged and left to the sweep (journal entries) or to
-the kubelet's next prepare of the claim (repairs); they never stop the daemon.
+Between steps 2 and 3, when the checkpoint file was set aside as corrupt or is missing
+(lost, or never written), the node's ``Client`` records that it lacks are re-adopted or
+revoked (:mod:`rebuild`) and the checkpoint is written; the same runs whenever a later
+load finds the file set aside or gone.
+
+Thunder or API failures here are logged and left to the sweep (journal entries, the
+rebuild) or to the kubelet's next prepare of the claim (repairs); they never stop the
+daemon.
 
 The sweep repeats step 2 every ``--sweep-interval`` for entries whose rollback failed
-and for instances that died since (a rolling update's old pod killed mid-prepare).
+and for instances that died since (a rolling update's old pod killed mid-prepare), and
+retries a rebuild that failed. It survives every error a pass can meet (API timeouts,
+reset connections, 5xx from either API, file system errors): each failed pass is counted
+in ``thunder_dra_daemon_errors_total{operation="journal-sweep"}`` and the next pass waits
+longer (doubling, jittered, up to 8 intervals), back to the interval after a clean pass.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import shutil
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 from thunder_dra import fsutil
+from thunder_dra.plugin.allocation import ClaimError
 from thunder_dra.plugin.checkpoint import CheckpointStore, ClaimState
 from thunder_dra.plugin.journal import JournalCorruptError, JournalEntry, MintJournal
+from thunder_dra.plugin.kubeapi import KubeError
 from thunder_dra.plugin.libcache import LibthunderCache
 from thunder_dra.plugin.locks import InstanceLock, KeyedLocks, NodeSerializeLock
+from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.plugin.prepare import Preparer
+from thunder_dra.plugin.rebuild import Rebuilder
 from thunder_dra.plugin.repair import Repairer
 from thunder_dra.plugin.rollback import Undo
 from thunder_dra.plugin.unprepare import Unpreparer
+from thunder_dra.thunder import ThunderError
 
 INSTANCE_LOCK = ".instance.lock"
+SWEEP_OPERATION = "journal-sweep"
+SWEEP_MAX_BACKOFF_INTERVALS = 8
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +69,28 @@ class InstanceJournal:
         self.directory = root / instance_id
         self.journal = MintJournal(self.directory)
         self.lock = InstanceLock(self.directory / INSTANCE_LOCK)
+
+
+def error_reason(err: BaseException) -> ErrorReason:
+    """The ``reason`` label of an error met in background work."""
+    if isinstance(err, ClaimError):
+        return err.reason
+    if isinstance(err, KubeError):
+        return ErrorReason.KUBERNETES
+    if isinstance(err, ThunderError):
+        return ErrorReason.THUNDER_REVOKE
+    if isinstance(err, OSError):
+        return ErrorReason.FILESYSTEM
+    return ErrorReason.INTERNAL
+
+
+def sweep_delay(interval: float, failures_in_row: int) -> float:
+    """The wait before the next sweep pass: the interval after a clean pass, then doubling
+    per failed pass, jittered (50-100%) so a fleet does not retry in step."""
+    if failures_in_row <= 0:
+        return interval
+    ceiling = interval * SWEEP_MAX_BACKOFF_INTERVALS
+    return min(interval * 2.0**failures_in_row, ceiling) * random.uniform(0.5, 1.0)  # noqa: S311
 
 
 class Recovery:
@@ -80,11 +120,20 @@ class Recovery:
         self._node_lock = node_lock
         self._claim_locks = claim_locks
         self._abandoned = abandoned
+        self._rebuilder = Rebuilder(preparer.d, unpreparer, journal_root, claim_locks)
+        self._metrics = undo.metrics
+        self._started = False
+        self._rebuild_pending = False
+        self.sweep_passes = 0
 
     async def startup(self) -> None:
         async with self._node_lock.held():
-            await self._roll_back_all(self._own.journal, await self._entries(self._own.journal))
-            await self._sweep_dead()
+            failures: list[Exception] = []
+            await self._roll_back_all(
+                self._own.journal, await self._entries(self._own.journal), failures
+            )
+            await self._sweep_dead(failures)
+            await self._rebuild(failures)
             for prepared in list(self._checkpoint.current.claims.values()):
                 if prepared.state is not ClaimState.PREPARED:
                     await self._attempt(
@@ -100,6 +149,7 @@ class Recovery:
                     await self._attempt(
                         "repair a prepared claim", prepared.uid, self._repairer.repair(prepared)
                     )
+            self._started = True
 
     async def _attempt(self, what: str, uid: str, work: Coroutine[Any, Any, object]) -> None:
         try:
@@ -116,8 +166,40 @@ class Recovery:
         if moved is not None:
             log.error(
                 "the checkpoint was corrupt and was set aside; prepared claims are rebuilt "
-                "from Client records and the kubelet's calls",
+                "from Client records and the mint journal",
                 extra={"moved_to": str(moved)},
+            )
+        if self._checkpoint.found or self._rebuild_pending:
+            return
+        # Set aside, lost, or never written: reconcile the node's Client records with it.
+        self._rebuild_pending = True
+        if self._started:
+            # Before the call that took the lock goes on: a prepare must find its claim
+            # adopted, not enroll it a second time over its own record. A failure is
+            # retried by the sweep.
+            await self._rebuild([])
+
+    async def _rebuild(self, failures: list[Exception]) -> None:
+        """Adopt or revoke the Client records the checkpoint lacks (see :mod:`rebuild`),
+        then write the checkpoint, so an intact file means nothing is left to reconcile."""
+        if not self._rebuild_pending:
+            return
+        try:
+            report = await self._rebuilder.run()
+            if not self._checkpoint.found:
+                await self._checkpoint.save(self._checkpoint.current)
+        except Exception as err:
+            failures.append(err)
+            log.warning(
+                "rebuilding lost checkpoint entries from Client records failed; the sweep retries",
+                extra={"error": str(err)},
+            )
+            return
+        self._rebuild_pending = False
+        if report.adopted or report.revoked:
+            log.warning(
+                "reconciled Client records the checkpoint did not hold",
+                extra={"adopted": report.adopted, "revoked": report.revoked},
             )
 
     async def _entries(self, journal: MintJournal) -> list[JournalEntry]:
@@ -132,9 +214,11 @@ class Recovery:
                     extra={"moved_to": str(moved), "error": str(err)},
                 )
 
-    async def _roll_back_all(self, journal: MintJournal, entries: list[JournalEntry]) -> bool:
+    async def _roll_back_all(
+        self, journal: MintJournal, entries: list[JournalEntry], failures: list[Exception]
+    ) -> bool:
         """Roll back ``entries``; stops at the first failure (Thunder is likely down, and
-        the sweep retries what is left). True if all were resolved."""
+        the sweep retries what is left), appended to ``failures``. True if all resolved."""
         for index, entry in enumerate(entries):
             try:
                 async with self._claim_locks.hold(entry.claim_uid or f"entry:{entry.entry_id}"):
@@ -150,11 +234,12 @@ class Recovery:
                 )
                 if journal is self._own.journal:
                     self._abandoned.update(e.entry_id for e in entries[index:])
+                failures.append(err)
                 return False
             self._abandoned.discard(entry.entry_id)
         return True
 
-    async def _sweep_dead(self) -> None:
+    async def _sweep_dead(self, failures: list[Exception]) -> None:
         try:
             others = [p for p in self._root.iterdir() if p.is_dir() and p != self._own.directory]
         except FileNotFoundError:
@@ -171,26 +256,48 @@ class Recovery:
                         "rolling back the journal of a daemon instance that is gone",
                         extra={"instance": directory.name, "entries": len(entries)},
                     )
-                if await self._roll_back_all(journal, entries):
+                if await self._roll_back_all(journal, entries, failures):
                     await asyncio.to_thread(shutil.rmtree, directory, True)
             finally:
                 lock.release()
 
-    async def sweep(self) -> None:
+    async def sweep(self) -> list[Exception]:
+        """One pass; returns what failed (left for the next pass)."""
+        failures: list[Exception] = []
         async with self._node_lock.held():
+            await self._rebuild(failures)
             if self._abandoned:
                 wanted = set(self._abandoned)
                 entries = [
                     e for e in await self._entries(self._own.journal) if e.entry_id in wanted
                 ]
                 self._abandoned.intersection_update(e.entry_id for e in entries)
-                await self._roll_back_all(self._own.journal, entries)
-            await self._sweep_dead()
+                await self._roll_back_all(self._own.journal, entries, failures)
+            await self._sweep_dead(failures)
+        return failures
 
     async def sweep_forever(self, interval: float) -> None:
+        """:meth:`sweep` every ``interval`` seconds, until cancelled, whatever fails."""
+        failures_in_row = 0
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(sweep_delay(interval, failures_in_row))
             try:
-                await self.sweep()
-            except Exception as err:
-                log.warning("journal sweep failed", extra={"error": str(err)})
+                failures = await self.sweep()
+            except Exception as err:  # the node lock, the journal directory, anything
+                failures = [err]
+            self.sweep_passes += 1
+            if not failures:
+                failures_in_row = 0
+                continue
+            failures_in_row += 1
+            for failure in failures:
+                reason = error_reason(failure).value
+                self._metrics.errors.labels(SWEEP_OPERATION, reason).inc()
+            log.warning(
+                "journal sweep pass failed; retrying with backoff",
+                extra={
+                    "error": str(failures[0]),
+                    "failures": len(failures),
+                    "passes_failed_in_row": failures_in_row,
+                },
+            )

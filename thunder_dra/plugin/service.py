@@ -230,24 +230,38 @@ class PluginServer:
                 asyncio.ensure_future(result)  # noqa: RUF006 - fire and forget by design
 
     async def _keep_sockets(self) -> None:
+        delay = self._interval
         while True:
-            await asyncio.sleep(self._interval)
-            if not self.paths.dra.exists():
+            await asyncio.sleep(delay)
+            try:
+                await self._restore_sockets()
+            except Exception as err:
+                # A plugin directory gone or unwritable for a while: keep trying, slower.
+                delay = min(delay * 2, self._interval * 30)
                 log.warning(
-                    "DRA socket vanished; serving it again", extra={"path": str(self.paths.dra)}
+                    "restoring the plugin sockets failed; retrying",
+                    extra={"error": str(err), "retry_in": delay},
                 )
-                await self._stop_server(self._dra_server)
-                await self._start_dra()
-                self._restarts += 1
-            if not self.paths.registration.exists():
-                log.warning(
-                    "registration socket vanished; registering again",
-                    extra={"path": str(self.paths.registration)},
-                )
-                self.registration.registered = False
-                await self._stop_server(self._reg_server)
-                await self._start_registration()
-                self._restarts += 1
+            else:
+                delay = self._interval
+
+    async def _restore_sockets(self) -> None:
+        if not self.paths.dra.exists():
+            log.warning(
+                "DRA socket vanished; serving it again", extra={"path": str(self.paths.dra)}
+            )
+            await self._stop_server(self._dra_server)
+            await self._start_dra()
+            self._restarts += 1
+        if not self.paths.registration.exists():
+            log.warning(
+                "registration socket vanished; registering again",
+                extra={"path": str(self.paths.registration)},
+            )
+            self.registration.registered = False
+            await self._stop_server(self._reg_server)
+            await self._start_registration()
+            self._restarts += 1
 
     @property
     def socket_restarts(self) -> int:

@@ -47,7 +47,7 @@ class Unpreparer:
     async def unprepare(self, ref: ClaimRef) -> None:
         prepared = self._checkpoint.current.claims.get(ref.uid)
         if prepared is None:
-            await self._unknown(ref)
+            await self.clean_unknown(ref)
             return
         await self.finish(prepared)
 
@@ -88,7 +88,9 @@ class Unpreparer:
             },
         )
 
-    async def _unknown(self, ref: ClaimRef) -> None:
+    async def clean_unknown(self, ref: ClaimRef) -> None:
+        """Revoke and remove a claim the checkpoint does not hold, from its ``Client``
+        record on this node (if any); also used for records a lost checkpoint left."""
         record = await self._records.get_client(ref.namespace, ref.uid)
         spec = (record or {}).get("spec") or {}
         ours = (

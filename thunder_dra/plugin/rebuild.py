@@ -1,0 +1,284 @@
+"""Checkpoint entries rebuilt from durable records: the node's ``Client`` resources.
+
+A checkpoint that fails verification is set aside (:mod:`checkpoint`) and the daemon goes
+on from an empty one; a state directory can also be lost altogether. The enrollments it
+recorded are not orphaned, because prepare writes the ``Client`` record before it commits
+the checkpoint and closes the mint journal entry only after: every committed claim has a
+record on this node, and every attempt that did not commit still has an open journal
+entry, which the journal rollback settles first.
+
+So, after the rollback, every ``Client`` of this node that the checkpoint does not hold,
+that is not being deleted, and that no open journal entry of any instance names, is:
+
+- **re-adopted** when its ResourceClaim still exists with that UID and is allocated to
+  this driver: the checkpoint entry is rebuilt from the record (zone, model, count, token
+  and client IDs, consumer), the claim's allocation (devices) and the fixed file layout,
+  so the kubelet's next prepare gets its answer (repairing what is missing) and its
+  unprepare revokes the enrollment as usual;
+- **revoked** otherwise (a claim that is gone or no longer allocated holds no running
+  container): token and client, files, a VM's Secret and the record, as an unprepare of a
+  claim without a checkpoint entry does.
+
+This runs whenever a load finds the checkpoint set aside or missing (at start-up or before
+a kubelet call); a run that fails (API or Thunder down) is retried by the journal sweep. The records are listed across
+namespaces (``list`` on ``clients``); a daemon not allowed to list them looks up, one by
+one, the records of the claims its node still has traces of (CDI specs name the claim's
+namespace, the set-aside file's claims if it still parses) and says so in the log, since a
+VM's claim leaves no trace on the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from thunder_dra.api import ConsumerKind
+from thunder_dra.kube import naming
+from thunder_dra.plugin.allocation import ClaimError, parse_claim
+from thunder_dra.plugin.cdi import LIBTHUNDER_CONTAINER_PATH, qualified_device_id
+from thunder_dra.plugin.checkpoint import (
+    CheckpointStore,
+    ClaimState,
+    Consumer,
+    PreparedClaim,
+    PreparedDevice,
+)
+from thunder_dra.plugin.clientconfig import CONFIG_FILE_NAME, claim_dir
+from thunder_dra.plugin.guest import guest_secret_name
+from thunder_dra.plugin.journal import MintJournal
+from thunder_dra.plugin.kubeapi import JSON, KubeError, KubeNotFound
+from thunder_dra.plugin.locks import KeyedLocks
+from thunder_dra.plugin.prepare import PrepareDeps
+from thunder_dra.plugin.service import ClaimRef
+from thunder_dra.plugin.unprepare import Unpreparer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RebuildReport:
+    adopted: int = 0
+    revoked: int = 0
+    skipped: int = 0
+
+
+def _library_in_spec(spec_path: Path) -> Path | None:
+    """The host path of libthunder.so in a claim's CDI spec, if the spec is readable."""
+    try:
+        document = json.loads(spec_path.read_bytes())
+        for device in document.get("devices") or []:
+            for mount in (device.get("containerEdits") or {}).get("mounts") or []:
+                if mount.get("containerPath") == LIBTHUNDER_CONTAINER_PATH:
+                    return Path(str(mount["hostPath"]))
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return None
+    return None
+
+
+def _claim_in_spec(spec_path: Path) -> tuple[str, str] | None:
+    """(namespace, claim UID) from the environment a claim's CDI spec sets."""
+    try:
+        document = json.loads(spec_path.read_bytes())
+        env: dict[str, str] = {}
+        for device in document.get("devices") or []:
+            for entry in (device.get("containerEdits") or {}).get("env") or []:
+                name, _, value = str(entry).partition("=")
+                env[name] = value
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    namespace = env.get("THUNDER_RESOURCE_CLAIM_NAMESPACE")
+    uid = env.get("THUNDER_RESOURCE_CLAIM_UID")
+    return (namespace, uid) if namespace and uid else None
+
+
+def _claims_in_set_aside(state_dir: Path, file_name: str) -> set[tuple[str, str]]:
+    """(namespace, UID) of the claims a set-aside checkpoint names, where it still parses
+    (a checksum mismatch); a torn file yields nothing."""
+    found: set[tuple[str, str]] = set()
+    for path in state_dir.glob(f"{file_name}.corrupt-*"):
+        try:
+            claims = json.loads(path.read_bytes())["payload"]["claims"]
+            for uid, claim in claims.items():
+                found.add((str(claim["namespace"]), str(uid)))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return found
+
+
+def _open_entries(journal_root: Path) -> tuple[set[str], set[str]]:
+    """Claim UIDs and token IDs named by any instance's open journal entries."""
+    uids: set[str] = set()
+    tokens: set[str] = set()
+    try:
+        directories = [p for p in journal_root.iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return uids, tokens
+    for directory in directories:
+        # An unreadable entry raises: it could name any claim, so nothing is decided
+        # until recovery has set it aside.
+        for entry in MintJournal(directory).open_entries_sync():
+            if entry.claim_uid:
+                uids.add(entry.claim_uid)
+            if entry.enrollment_token_id:
+                tokens.add(entry.enrollment_token_id)
+    return uids, tokens
+
+
+class Rebuilder:
+    def __init__(
+        self,
+        deps: PrepareDeps,
+        unpreparer: Unpreparer,
+        journal_root: Path,
+        claim_locks: KeyedLocks,
+    ) -> None:
+        self.d = deps
+        self._unpreparer = unpreparer
+        self._journal_root = journal_root
+        self._claim_locks = claim_locks
+
+    @property
+    def _checkpoint(self) -> CheckpointStore:
+        return self.d.checkpoint
+
+    async def run(self) -> RebuildReport:
+        """Adopt or revoke every record of this node the checkpoint lacks; raises on an
+        API or Thunder failure (what was done so far stays done)."""
+        d = self.d
+        records = await self._records()
+        busy_uids, busy_tokens = await asyncio.to_thread(_open_entries, self._journal_root)
+        report = RebuildReport()
+        for record in records:
+            metadata = record.get("metadata") or {}
+            spec = record.get("spec") or {}
+            claim = spec.get("claim") or {}
+            uid = str(claim.get("uid") or "")
+            if (
+                spec.get("nodeName") != d.config.node_name
+                or not uid
+                or uid in self._checkpoint.current.claims
+                or metadata.get("deletionTimestamp")
+            ):
+                continue
+            if uid in busy_uids or spec.get("enrollmentTokenId") in busy_tokens:
+                report.skipped += 1  # an open journal entry settles it
+                continue
+            ref = ClaimRef(str(claim.get("namespace") or ""), uid, str(claim.get("name") or ""))
+            async with self._claim_locks.hold(uid):
+                if uid in self._checkpoint.current.claims:
+                    continue  # a kubelet call prepared it meanwhile
+                await self._reconcile(ref, record, report)
+        return report
+
+    async def _records(self) -> list[JSON]:
+        d = self.d
+        selector = naming.label_selector(naming.component_labels(naming.COMPONENT_DAEMON))
+        try:
+            return await d.kube.list_clients(label_selector=selector)
+        except KubeError as err:
+            if err.status != 403:
+                raise
+            log.error(
+                "not allowed to list Client records; reconciling only the claims this node "
+                "has traces of (grant list on clients.thundercompute.com to the daemon)",
+                extra={"error": str(err)},
+            )
+        spec_uids = await d.cdi.list_claim_uids()
+        candidates = await asyncio.to_thread(self._local_claims, spec_uids)
+        records = []
+        for namespace, uid in sorted(candidates):
+            try:
+                records.append(await d.kube.get_client(namespace, f"claim-{uid}"))
+            except KubeNotFound:
+                continue
+        return records
+
+    def _local_claims(self, spec_uids: list[str]) -> set[tuple[str, str]]:
+        d = self.d
+        found = _claims_in_set_aside(self._checkpoint.path.parent, self._checkpoint.path.name)
+        for uid in spec_uids:
+            claim = _claim_in_spec(d.cdi.path_for(uid))
+            if claim is not None and claim[1] == uid:
+                found.add(claim)
+        return found
+
+    async def _reconcile(
+        self, ref: ClaimRef, record: Mapping[str, Any], report: RebuildReport
+    ) -> None:
+        spec = record.get("spec") or {}
+        fields = {"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name}
+        prepared = await self._rebuilt(ref, record)
+        if prepared is None:
+            log.warning(
+                "revoking the enrollment of a claim that is gone, from its Client record",
+                extra={**fields, "enrollment_token_id": spec.get("enrollmentTokenId")},
+            )
+            await self._unpreparer.clean_unknown(ref)
+            report.revoked += 1
+            return
+        await self._checkpoint.put(prepared)
+        log.warning(
+            "re-adopted a prepared claim the checkpoint had lost, from its Client record",
+            extra={**fields, "enrollment_token_id": prepared.enrollment_token_id},
+        )
+        report.adopted += 1
+
+    async def _rebuilt(self, ref: ClaimRef, record: Mapping[str, Any]) -> PreparedClaim | None:
+        """The checkpoint entry for a record whose claim still holds it, else None."""
+        d = self.d
+        try:
+            claim = await d.kube.get_claim(ref.namespace, ref.name)
+        except KubeNotFound:
+            return None
+        try:
+            allocation = parse_claim(claim, ref.uid, d.config.driver_name)
+        except ClaimError:
+            return None  # re-created under the name, or no longer allocated to us
+        spec = record.get("spec") or {}
+        zone = spec.get("zone") or {}
+        vm = spec.get("consumerKind") == ConsumerKind.VIRTUAL_MACHINE.value
+        cdi_ids = () if vm else (qualified_device_id(ref.uid),)
+        devices = tuple(
+            PreparedDevice(
+                pool_name=dev.pool,
+                device_name=dev.device,
+                request_names=(dev.request,) if dev.request else (),
+                cdi_device_ids=cdi_ids,
+            )
+            for dev in allocation.devices
+        )
+        paths: tuple[str, ...] = ()
+        if not vm:
+            directory = claim_dir(d.config.claims_dir, ref.uid)
+            spec_path = d.cdi.path_for(ref.uid)
+            library = await asyncio.to_thread(_library_in_spec, spec_path)
+            if library is None:
+                library = await d.library.current()
+            paths = (
+                str(directory),
+                str(directory / CONFIG_FILE_NAME),
+                str(spec_path),
+                str(library),
+            )
+        status = record.get("status") or {}
+        return PreparedClaim(
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            consumer=Consumer(kind="vm" if vm else "pod", name=str(spec.get("consumerName") or "")),
+            zone_name=str(zone.get("name") or ""),
+            zone_id=str(zone.get("id") or ""),
+            gpu_type=str(spec.get("gpuType") or ""),
+            gpu_count=int(spec.get("gpuCount") or len(devices) or 1),
+            enrollment_token_id=spec.get("enrollmentTokenId") or None,
+            client_id=status.get("clientId") or None,
+            secret_name=guest_secret_name(ref.name) if vm else None,
+            devices=devices,
+            paths=paths,
+            state=ClaimState.PREPARED,
+        )
