@@ -3,6 +3,9 @@
 # config/manifests, alm-examples from config/samples and config/samples/internal,
 # spec/status descriptors from the CRD schemas), the CRDs (copies of crds/ and kopf's
 # peering CRD), the metrics Service, metadata/annotations.yaml and bundle.Dockerfile.
+# OLM cannot install ValidatingAdmissionPolicies, so the CSV starts the operator with
+# THUNDER_APPLY_ADMISSION_POLICIES=1 and grants it exactly the policies and bindings of
+# thunder_dra/kube/admissionpolicy.py, which it then applies itself.
 #
 #   .venv/bin/python -m hack.bundle            # write bundle/ (make bundle)
 #   .venv/bin/python -m hack.bundle --check    # exit 1 if bundle/ differs from config/
@@ -26,6 +29,8 @@ from typing import Any, Final
 
 import yaml
 
+from thunder_dra.kube.admissionpolicy import OPERATOR_PREFIX, Identity
+
 REPO: Final = Path(__file__).resolve().parents[1]
 BUNDLE: Final = REPO / "bundle"
 PACKAGE: Final = "thunder-device-plugin"
@@ -33,6 +38,7 @@ CHANNEL: Final = "candidate"
 MATURITY: Final = "alpha"
 OPERATOR_DEPLOYMENT: Final = "thunder-operator"
 OPERATOR_SA: Final = "thunder-operator"
+DAEMON_SA: Final = "thunder-daemon"
 MIN_KUBE_VERSION: Final = "1.34.0"
 ICON: Final = REPO / "config" / "manifests" / "icon.svg"
 CHART_VALUES: Final = REPO / "charts" / "thunder-device-plugin" / "values.yaml"
@@ -257,6 +263,42 @@ def webhook_definitions(
     return defs
 
 
+# Kinds config/manifests must not hold: OLM would drop them silently.
+UNSHIPPABLE_KINDS: Final = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+POLICY_ENV: Final = [
+    {"name": "THUNDER_APPLY_ADMISSION_POLICIES", "value": "1"},
+    {"name": "THUNDER_OPERATOR_SERVICE_ACCOUNT", "value": OPERATOR_SA},
+]
+
+
+def policy_rules() -> list[dict[str, Any]]:
+    """What the operator needs to apply its admission policies, and nothing else."""
+    names = Identity("", DAEMON_SA, OPERATOR_SA, OPERATOR_PREFIX).policy_names()
+    group = ["admissionregistration.k8s.io"]
+    resources = ["validatingadmissionpolicies", "validatingadmissionpolicybindings"]
+    return [
+        # create cannot be limited by name (the object does not exist yet).
+        {"apiGroups": group, "resources": resources, "verbs": ["create"]},
+        {
+            "apiGroups": group,
+            "resources": resources,
+            "resourceNames": names,
+            "verbs": ["get", "update"],
+        },
+    ]
+
+
+def _with_policy_env(deployment: Mapping[str, Any]) -> dict[str, Any]:
+    spec = json.loads(json.dumps(deployment["spec"]))
+    container = spec["template"]["spec"]["containers"][0]
+    present = {e["name"] for e in container.get("env", [])}
+    container["env"] = [
+        *container.get("env", []),
+        *(e for e in POLICY_ENV if e["name"] not in present),
+    ]
+    return dict(spec)
+
+
 def daemon_image() -> str:
     values = yaml.safe_load(CHART_VALUES.read_text())
     image = values["daemon"]["image"]
@@ -306,11 +348,18 @@ def build_csv(
         "repository": "https://github.com/thunder-compute/thunder-device-plugin",
         "support": "Thunder Compute",
     }
+    unshippable = sorted({o["kind"] for o in objects if o["kind"] in UNSHIPPABLE_KINDS})
+    if unshippable:
+        raise SystemExit(f"config/manifests holds {', '.join(unshippable)}: OLM cannot ship it")
     spec_deployment = {
         "name": OPERATOR_DEPLOYMENT,
         "label": deployment["metadata"].get("labels", {}),
-        "spec": deployment["spec"],
+        "spec": _with_policy_env(deployment),
     }
+    cluster_permissions = _rules_for(objects, "ClusterRole", "ClusterRoleBinding")
+    for entry in cluster_permissions:
+        if entry["serviceAccountName"] == OPERATOR_SA:
+            entry["rules"] = [*entry["rules"], *policy_rules()]
     return {
         "apiVersion": "operators.coreos.com/v1alpha1",
         "kind": "ClusterServiceVersion",
@@ -346,7 +395,7 @@ def build_csv(
             "install": {
                 "strategy": "deployment",
                 "spec": {
-                    "clusterPermissions": _rules_for(objects, "ClusterRole", "ClusterRoleBinding"),
+                    "clusterPermissions": cluster_permissions,
                     "permissions": _rules_for(objects, "Role", "RoleBinding"),
                     "deployments": [spec_deployment],
                 },

@@ -4,7 +4,8 @@
 #   2. the chart rendered with its defaults and with every values file in examples/,
 #      the test charts as the seed uses them, config/default and config/samples;
 #   3. the CRDs in charts/, config/ and bundle/ byte-identical to crds/;
-#   4. the chart README and bundle/ up to date; the bundle passing the
+#   4. the chart README, bundle/ and the admission policies generated from
+#      thunder_dra/kube/admissionpolicy.py up to date; the bundle passing the
 #      operator-framework validators (hack/build-bundle-validate.sh);
 #   5. every rendered manifest through `kubectl apply --server-side --dry-run=server
 #      --validate=strict` on a throwaway local control plane per version (1.34
@@ -34,6 +35,7 @@ import yaml
 
 from hack import bundle, helm_docs
 from hack.cluster import Cluster, ClusterConfig, binaries
+from thunder_dra.kube import admissionpolicy
 
 REPO: Final = Path(__file__).resolve().parents[1]
 CHART: Final = REPO / "charts" / "thunder-device-plugin"
@@ -183,6 +185,8 @@ def docs_and_bundle() -> list[str]:
         raise Failure("charts/thunder-device-plugin/README.md is stale (make helm-docs)")
     if bundle.main(["--check"]) != 0:
         raise Failure("bundle/ is stale (make bundle)")
+    if admissionpolicy.main(["--check"]) != 0:
+        raise Failure("admission policies are stale (python -m thunder_dra.kube.admissionpolicy)")
     tool = _run([str(REPO / "hack" / "build-bundle-validate.sh")])
     if tool.returncode:
         raise Failure(f"building bundle-validate: {tool.stderr}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -51,25 +51,55 @@ class ConsumerKind(StrEnum):
     VIRTUAL_MACHINE = "VirtualMachine"
 
 
-class ClientSpec(ApiModel):
-    """What was enrolled, for which claim, where. Immutable once set."""
+def _immutable(what: str) -> dict[str, Any]:
+    """A CRD transition rule: the field keeps its value once the object exists."""
+    return {
+        "x-kubernetes-validations": [
+            {"rule": "self == oldSelf", "message": f"{what} is immutable"},
+        ]
+    }
 
-    claim: ClaimReference
+
+def _set_once(what: str) -> dict[str, Any]:
+    """A CRD transition rule: empty may become a value, a value never changes."""
+    return {
+        "x-kubernetes-validations": [
+            {
+                "rule": "oldSelf == '' || self == oldSelf",
+                "message": f"{what} may be set once and then never change",
+            },
+        ]
+    }
+
+
+class ClientSpec(ApiModel):
+    """What was enrolled, for which claim, where. Immutable once set: the API server
+    enforces it (CRD validation rules), so it holds whether or not the webhook is up."""
+
+    claim: Annotated[ClaimReference, Field(json_schema_extra=_immutable("claim"))]
     """The ResourceClaim this enrollment serves."""
-    node_name: DnsSubdomain
+    node_name: Annotated[DnsSubdomain, Field(json_schema_extra=_immutable("nodeName"))]
     """Node whose daemon prepared the claim."""
-    zone: ZoneReference
+    zone: Annotated[ZoneReference, Field(json_schema_extra=_immutable("zone"))]
     """Thunder zone of the enrollment."""
-    gpu_type: Annotated[str, Field(min_length=1, max_length=256)]
+    gpu_type: Annotated[
+        str, Field(min_length=1, max_length=256, json_schema_extra=_immutable("gpuType"))
+    ]
     """GPU model, exactly as Thunder spells it."""
-    gpu_count: Annotated[int, Field(ge=1, le=1024)]
+    gpu_count: Annotated[int, Field(ge=1, le=1024, json_schema_extra=_immutable("gpuCount"))]
     """GPUs enrolled."""
-    enrollment_token_id: Annotated[str, Field(max_length=256)] = ""
+    enrollment_token_id: Annotated[
+        str, Field(max_length=256, json_schema_extra=_set_once("enrollmentTokenId"))
+    ] = ""
     """Thunder enrollment token ID, the handle revocation uses. May be set once if the
     record was written before the mint answered."""
-    consumer_kind: ConsumerKind = ConsumerKind.POD
+    consumer_kind: Annotated[ConsumerKind, Field(json_schema_extra=_immutable("consumerKind"))] = (
+        ConsumerKind.POD
+    )
     """Pod (the daemon exchanged the token) or VirtualMachine (the guest enrolls itself)."""
-    consumer_name: Annotated[str, Field(max_length=253)] = ""
+    consumer_name: Annotated[
+        str, Field(max_length=253, json_schema_extra=_set_once("consumerName"))
+    ] = ""
     """Name of the consuming pod or VirtualMachine, if known."""
 
 

@@ -11,8 +11,16 @@ operator's reaper (not the garbage collector) revokes and removes it.
 A KubeVirt VM's ``<claim>-thunder-setup`` Secret holds the enrollment token and the guest
 install script; it is owned by the ResourceClaim (not as controller, without blocking
 deletion), so it goes away with the claim at the latest. It is labelled with the claim
-UID and annotated with the token ID, so the daemon only ever replaces or deletes a
-Secret it made for that claim.
+UID and annotated with the token ID and the node, so the daemon only ever replaces or
+deletes a Secret its node made for that claim.
+
+The daemon cannot read Secrets (RBAC grants it create, update and delete only) and the
+driver's admission policies (:mod:`thunder_dra.kube.admissionpolicy`) let it write only
+setup Secrets and Clients of its own node. So a Secret is written with create, then
+replace (no read in between: the policy refuses the replace unless the existing Secret
+is this node's, for this claim), and looked at only through a JSON patch of ``test``
+operations: it changes nothing, fails unless the Secret is the claim's, and the same
+policy refuses it for a Secret another node made.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from thunder_dra.api import (
     API_VERSION,
@@ -34,11 +43,11 @@ from thunder_dra.api import (
 )
 from thunder_dra.api.constants import CLIENT_KIND, DOMAIN
 from thunder_dra.kube import naming, provenance
+from thunder_dra.kube.admissionpolicy import ANNOTATION_NODE_NAME, LABEL_CLAIM_UID
 from thunder_dra.plugin.guest import GUEST_SCRIPT_KEY, GUEST_TOKEN_KEY, guest_secret_name
 from thunder_dra.plugin.kubeapi import JSON, KubeApi, KubeConflict, KubeError, KubeNotFound
 from thunder_dra.thunder import Secret
 
-LABEL_CLAIM_UID = f"{DOMAIN}/claim-uid"
 ANNOTATION_TOKEN_ID = f"{DOMAIN}/enrollment-token-id"
 _FINALIZER_RETRIES = 5
 
@@ -114,6 +123,11 @@ class ClientRecord:
         }
 
 
+def _pointer(key: str) -> str:
+    """``key`` as one JSON pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
 def _token_id_of(client: JSON) -> str:
     return str((client.get("spec") or {}).get("enrollmentTokenId") or "")
 
@@ -143,6 +157,14 @@ class Records:
             # A record on its way out (an earlier unprepare, or the reaper): let it go and
             # start a fresh one; its enrollment is revoked by whoever deleted it.
             await self._release_finalizer(record.namespace, record.name)
+            await self._kube.create_client(record.namespace, self._client_body(record))
+            return
+        recorded = _token_id_of(existing)
+        if recorded and recorded != record.enrollment_token_id:
+            # The record of an earlier enrollment of this claim (a re-enrollment, or an
+            # attempt the journal rolls back): its spec is immutable, so it is replaced.
+            # Its enrollment is revoked by whoever ended it (the journal holds it).
+            await self.delete_client(record.namespace, record.claim_uid, only_token_id=recorded)
             await self._kube.create_client(record.namespace, self._client_body(record))
             return
         finalizers = list(metadata.get("finalizers") or [])
@@ -265,7 +287,7 @@ class Records:
                 "name": name,
                 "namespace": namespace,
                 "labels": _labels(claim_uid),
-                "annotations": {ANNOTATION_TOKEN_ID: token_id},
+                "annotations": {ANNOTATION_TOKEN_ID: token_id, ANNOTATION_NODE_NAME: self._node},
                 "ownerReferences": [
                     {
                         "apiVersion": "resource.k8s.io/v1",
@@ -285,43 +307,93 @@ class Records:
         try:
             await self._kube.create_secret(namespace, body)
         except KubeConflict:
-            existing = await self._kube.get_secret(namespace, name)
-            metadata = existing.get("metadata") or {}
-            if (metadata.get("labels") or {}).get(LABEL_CLAIM_UID) != claim_uid:
+            # One left by an earlier attempt for this claim on this node: replaced as a
+            # whole. Admission refuses the replace of any other Secret of that name.
+            try:
+                await self._kube.replace_secret(namespace, name, body)
+            except KubeError as err:
+                if err.status != 403:
+                    raise
                 raise KubeError(
-                    f"create Secret {namespace}/{name}",
-                    409,
-                    f"a Secret of that name exists and was not made for claim {claim_uid}",
+                    f"replace Secret {namespace}/{name}",
+                    403,
+                    f"a Secret of that name exists and was not made for claim {claim_uid} "
+                    f"on node {self._node} ({err.reason})",
                 ) from None
-            body["metadata"]["resourceVersion"] = metadata.get("resourceVersion")
-            await self._kube.replace_secret(namespace, name, body)
         return name
 
-    async def guest_secret_exists(self, namespace: str, claim_name: str, claim_uid: str) -> bool:
+    async def _probe_guest_secret(
+        self, namespace: str, name: str, claim_uid: str, token_id: str | None = None
+    ) -> JSON | None:
+        """The Secret if it is this claim's (and that enrollment's), else None.
+
+        A JSON patch of nothing but ``test`` operations: it changes nothing and answers
+        with the object, or fails if a label or annotation differs. Admission checks it
+        like any write, so a Secret its node did not make is refused, not shown."""
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/secrets/{quote(name, safe='')}"
+        tests: list[dict[str, Any]] = [
+            {
+                "op": "test",
+                "path": f"/metadata/labels/{_pointer(LABEL_CLAIM_UID)}",
+                "value": claim_uid,
+            }
+        ]
+        if token_id is not None:
+            tests.append(
+                {
+                    "op": "test",
+                    "path": f"/metadata/annotations/{_pointer(ANNOTATION_TOKEN_ID)}",
+                    "value": token_id,
+                }
+            )
         try:
-            existing = await self._kube.get_secret(namespace, guest_secret_name(claim_name))
+            answer = await self._kube.request(
+                "PATCH",
+                path,
+                body=tests,
+                content_type="application/json-patch+json",
+                what=f"look up Secret {namespace}/{name}",
+            )
         except KubeNotFound:
-            return False
-        labels = (existing.get("metadata") or {}).get("labels") or {}
-        return bool(labels.get(LABEL_CLAIM_UID) == claim_uid)
+            return None
+        except KubeError as err:
+            if err.status == 403:
+                log.warning(
+                    "a setup Secret of that name exists but was not made on this node",
+                    extra={"namespace": namespace, "secret": name, "error": err.reason},
+                )
+                return None
+            if err.status in (400, 422, 500) and "test" in err.reason.lower():
+                return None  # there, but for another claim or enrollment
+            raise
+        return answer
+
+    async def guest_secret_exists(self, namespace: str, claim_name: str, claim_uid: str) -> bool:
+        name = guest_secret_name(claim_name)
+        return await self._probe_guest_secret(namespace, name, claim_uid) is not None
 
     async def delete_guest_secret(
         self, namespace: str, claim_name: str, claim_uid: str, *, only_token_id: str | None = None
     ) -> bool:
         name = guest_secret_name(claim_name)
-        try:
-            existing = await self._kube.get_secret(namespace, name)
-        except KubeNotFound:
+        existing = await self._probe_guest_secret(namespace, name, claim_uid, only_token_id)
+        if existing is None:
             return False
         metadata = existing.get("metadata") or {}
-        if (metadata.get("labels") or {}).get(LABEL_CLAIM_UID) != claim_uid:
-            return False
-        annotations = metadata.get("annotations") or {}
-        if only_token_id is not None and annotations.get(ANNOTATION_TOKEN_ID) != only_token_id:
-            return False
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/secrets/{quote(name, safe='')}"
+        # Exactly the version just checked: a later attempt's replacement is kept.
+        preconditions = {
+            "uid": metadata.get("uid"),
+            "resourceVersion": metadata.get("resourceVersion"),
+        }
         try:
-            await self._kube.delete_secret(namespace, name, uid=metadata.get("uid"))
-        except KubeNotFound:
+            await self._kube.request(
+                "DELETE",
+                path,
+                body={"preconditions": preconditions},
+                what=f"delete Secret {namespace}/{name}",
+            )
+        except (KubeNotFound, KubeConflict):
             return False
         return True
 

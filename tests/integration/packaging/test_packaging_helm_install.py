@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from hack import helm_test
@@ -210,25 +212,26 @@ def _client(name: str, namespace: str) -> dict[str, Any]:
     }
 
 
-def test_the_daemons_client_writes_skip_the_webhook_and_others_do_not(
+def test_client_writes_by_the_daemon_skip_the_webhook_and_others_are_refused(
     release: Release, kube: Kube
 ) -> None:
-    body = _client(f"c-{uuid.uuid4().hex[:6]}", release.namespace)
+    # The daemon as its Pod's token shows it: the ServiceAccount, with its node's name.
+    api = k8s_config.new_client_from_config(config_file=release.env["KUBECONFIG"])  # type: ignore[no-untyped-call]
     sa = f"system:serviceaccount:{release.namespace}:{release.fullname}-daemon"
-    done = subprocess.run(
-        ["kubectl", f"--as={sa}", "create", "-f", "-"],
-        input=yaml.safe_dump(body),
-        env=release.env,
-        capture_output=True,
-        text=True,
-        check=False,
+    api.set_default_header("Impersonate-User", sa)
+    api.set_default_header("Impersonate-Extra-authentication.kubernetes.io%2fnode-name", "n1")
+    body = _client(f"c-{uuid.uuid4().hex[:6]}", release.namespace)
+    k8s.CustomObjectsApi(api).create_namespaced_custom_object(
+        "thundercompute.com", "v1alpha1", release.namespace, "clients", body
     )
-    assert done.returncode == 0, done.stderr
     kube.delete(GROUP, "Client", body["metadata"]["name"], release.namespace)
+    # Anyone else, the administrator included, is refused by the chart's admission
+    # policy, before (and whether or not) the webhook is called.
     body["metadata"]["name"] += "-admin"
     with pytest.raises(ApiException) as caught:
         kube.create(body)
-    assert 'failed calling webhook "clients.thundercompute.com"' in _message(caught.value)
+    assert caught.value.status == 403
+    assert "Clients are written only by the driver" in _message(caught.value)
 
 
 @pytest.mark.parametrize(
@@ -238,10 +241,14 @@ def test_the_daemons_client_writes_skip_the_webhook_and_others_do_not(
         ("daemon", "delete", "deviceclasses.resource.k8s.io", None, False),
         ("daemon", "list", "resourceslices.resource.k8s.io", None, True),
         ("daemon", "create", "secrets", "default", True),
-        ("daemon", "update", "clients.thundercompute.com/finalizers", "default", True),
+        ("daemon", "get", "secrets", "default", False),
+        ("daemon", "get", "secrets", "RELEASE", False),
+        ("daemon", "list", "secrets", None, False),
+        ("daemon", "update", "clients.thundercompute.com/finalizers", "default", False),
         ("daemon", "create", "daemonsets.apps", "RELEASE", False),
         ("operator", "create", "resourceslices.resource.k8s.io", None, True),
-        ("operator", "deletecollection", "deviceclasses.resource.k8s.io", None, True),
+        ("operator", "deletecollection", "deviceclasses.resource.k8s.io", None, False),
+        ("operator", "delete", "deviceclasses.resource.k8s.io", None, True),
         ("operator", "create", "daemonsets.apps", "RELEASE", True),
         ("operator", "create", "daemonsets.apps", "default", False),
         ("operator", "get", "secrets/thunder-api", "RELEASE", True),

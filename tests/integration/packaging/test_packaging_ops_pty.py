@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
 
 from hack.cluster import Cluster
 from tests.integration.packaging.ptykit import Session, run_on_pty
@@ -112,7 +114,16 @@ def _client(kube: Kube, namespace: str = "default") -> str:
             "gpuCount": 1,
         },
     }
-    kube.create(body)
+    # Only the driver writes Clients (the chart's admission policy): made as the chart's
+    # daemon would, its ServiceAccount with the node its Pod runs on.
+    api = k8s_config.new_client_from_config(config_file=str(kube.kubeconfig))  # type: ignore[no-untyped-call]
+    api.set_default_header(
+        "Impersonate-User", "system:serviceaccount:thunder-system:thunder-device-plugin-daemon"
+    )
+    api.set_default_header("Impersonate-Extra-authentication.kubernetes.io%2fnode-name", "n1")
+    k8s.CustomObjectsApi(api).create_namespaced_custom_object(
+        "thundercompute.com", "v1alpha1", namespace, "clients", body
+    )
     return name
 
 

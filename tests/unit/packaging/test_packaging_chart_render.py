@@ -227,14 +227,22 @@ def test_the_daemon_cannot_publish_inventory() -> None:
     for resource in ("resourceslices", "deviceclasses"):
         for verb in ("create", "update", "patch", "delete", "deletecollection"):
             assert not _allows(daemon, "resource.k8s.io", resource, verb), (resource, verb)
-    assert _allows(daemon, "resource.k8s.io", "resourceclaims", "watch")
+    assert _allows(daemon, "resource.k8s.io", "resourceclaims", "get")
     assert _allows(daemon, "", "secrets", "create")
-    assert _allows(daemon, "thundercompute.com", "clients/finalizers", "update")
+    # Setup Secrets are written, never read: the API token reaches it through the
+    # kubelet (secretKeyRef), and the admission policies limit what it may write.
+    for verb in ("get", "list", "watch"):
+        assert not _allows(daemon, "", "secrets", verb), verb
+    assert _allows(daemon, "thundercompute.com", "clients", "create")
+    assert not _allows(daemon, "thundercompute.com", "clients/finalizers", "update")
     assert not _allows(daemon, "apps", "daemonsets", "create")
     operator = m.one("ClusterRole", "tdp-thunder-device-plugin-operator")["rules"]
-    for verb in ("create", "update", "patch", "delete"):
+    for verb in ("list", "create", "update", "delete"):
         assert _allows(operator, "resource.k8s.io", "resourceslices", verb)
         assert _allows(operator, "resource.k8s.io", "deviceclasses", verb)
+    # Publishing never patches nor deletes in bulk.
+    for verb in ("patch", "deletecollection"):
+        assert not _allows(operator, "resource.k8s.io", "deviceclasses", verb)
     # Cluster-wide, the operator reads no Secrets; only the token Secret in its namespace.
     assert not _allows(operator, "", "secrets", "get")
     accounts = {
