@@ -90,13 +90,14 @@ def _absolute_path_problem(value: str) -> str | None:
     return "must be an absolute path"
 
 
-INT64_MAX: Final = 2**63 - 1
-"""The largest integer the API server stores (int64)."""
+INTEGER_MAX: Final = 2**53 - 1
+"""The largest integer a schema bound can name exactly: the API server holds `maximum` as a
+float64, in which 2**63 - 1 rounds up and overflows int64."""
 QUANTITY_MAX_LENGTH: Final = 64
 """Longer than any quantity a person writes; bounds what the API server stores."""
 
-Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
-"""A non-negative count or generation, within the API server's int64 range."""
+Count = Annotated[int, Field(ge=0, le=INTEGER_MAX)]
+"""A non-negative count or generation, within what the API server can bound exactly."""
 
 QUANTITY_PATTERN: Final = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]"
@@ -167,12 +168,12 @@ AbsolutePath = Annotated[
 def _quantity(value: object) -> int | str:
     # One validator for both forms, so an error names the field, not a union branch.
     if isinstance(value, int) and not isinstance(value, bool):
-        if 0 <= value <= INT64_MAX:
+        if 0 <= value <= INTEGER_MAX:
             return value
         raise PydanticCustomError(
             "quantity_range",
             "must be between 0 and {maximum}, got {value}",
-            {"maximum": INT64_MAX, "value": value if abs(value) < 10**30 else "a huge number"},
+            {"maximum": INTEGER_MAX, "value": value if abs(value) < 10**30 else "a huge number"},
         )
     if (
         isinstance(value, str)
@@ -208,7 +209,7 @@ Quantity = Annotated[
             "pattern": QUANTITY_PATTERN,
             "maxLength": QUANTITY_MAX_LENGTH,
             "minimum": 0,
-            "maximum": INT64_MAX,
+            "maximum": INTEGER_MAX,
             "x-kubernetes-int-or-string": True,
         }
     ),

@@ -6,9 +6,9 @@ stays structural without `x-kubernetes-preserve-unknown-fields`.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Final, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from thunder_dra.api.base import ApiModel, DnsSubdomain, LabelValue, QualifiedName, Quantity
@@ -16,6 +16,30 @@ from thunder_dra.api.base import ApiModel, DnsSubdomain, LabelValue, QualifiedNa
 DEFAULT_IMAGE_REPOSITORY = "ghcr.io/thunder-compute/thunder-device-plugin"
 TOLERATION_SECONDS_MAX = 2**31 - 1
 """About 68 years: longer is the same as forever (leave the field empty)."""
+RESERVED_ENV_PREFIXES: Final = ("THUNDER_", "PYTHON", "LD_")
+"""Names the daemon reads for itself (its token, any THUNDER_* setting, test hooks) or
+that change the code the privileged daemon runs (the interpreter's and the loader's)."""
+RESERVED_ENV_NAMES: Final = ("NODE_NAME", "POD_UID", "POD_NAMESPACE", "KUBECONFIG")
+"""The daemon's identity and API access, set by the DaemonSet itself."""
+_RESERVED_ENV_RULE: Final = " && ".join(
+    [f"!self.startsWith('{prefix}')" for prefix in RESERVED_ENV_PREFIXES]
+    + ["!(self in [" + ", ".join(f"'{name}'" for name in RESERVED_ENV_NAMES) + "])"]
+)
+_RESERVED_ENV_MESSAGE: Final = (
+    "is reserved: names starting with "
+    + ", ".join(RESERVED_ENV_PREFIXES)
+    + " and "
+    + ", ".join(RESERVED_ENV_NAMES)
+    + " are set by the driver itself (the API token comes from the Secret named by "
+    "spec.thunder.secretName)"
+)
+
+
+def reserved_env_name(name: str) -> bool:
+    """Whether `name` may not be set through `spec.daemon.extraEnv`."""
+    return name.startswith(RESERVED_ENV_PREFIXES) or name in RESERVED_ENV_NAMES
+
+
 RESOURCE_NAMES_MAX = 16
 """Most resource names in requests or limits (cpu, memory, ephemeral-storage, ...)."""
 
@@ -70,21 +94,32 @@ class EnvVar(ApiModel):
     """A plain environment variable added to the daemon container."""
 
     name: Annotated[
-        str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+        str,
+        Field(
+            min_length=1,
+            max_length=256,
+            pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
+            json_schema_extra={
+                "x-kubernetes-validations": [
+                    {"rule": _RESERVED_ENV_RULE, "message": _RESERVED_ENV_MESSAGE}
+                ]
+            },
+        ),
     ]
-    """Variable name. THUNDER_API_TOKEN is refused: the token comes from the Secret only."""
+    """Variable name. Reserved: names starting with THUNDER_, PYTHON or LD_, and NODE_NAME,
+    POD_UID, POD_NAMESPACE, KUBECONFIG (the driver sets them; the API token comes from the
+    Secret only)."""
     value: Annotated[str, Field(max_length=32768)] = ""
     """Variable value."""
 
-    @model_validator(mode="after")
-    def _no_token(self) -> Self:
-        if self.name == "THUNDER_API_TOKEN":
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if reserved_env_name(name):
             raise PydanticCustomError(
-                "reserved_env",
-                "THUNDER_API_TOKEN must not be set here; it is read from the Secret "
-                "named by spec.thunder.secretName",
+                "reserved_env", '"{name}" ' + _RESERVED_ENV_MESSAGE, {"name": name}
             )
-        return self
+        return name
 
 
 class PortRange(ApiModel):

@@ -92,7 +92,7 @@ def test_duration_bounds_name_the_field_and_the_value() -> None:
         ),
         (
             {"daemon": {"extraEnv": [{"name": "THUNDER_API_TOKEN", "value": "x"}]}},
-            "spec.daemon.extraEnv[0]",
+            "spec.daemon.extraEnv[0].name",
             "Secret",
         ),
         ({"operator": "fast"}, "spec.operator", "dictionary"),
