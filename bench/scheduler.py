@@ -100,12 +100,19 @@ class RunResult:
     steady_pods_per_second: float = 0.0
     curve: list[int] = field(default_factory=list)
     curve_interval: float = 5.0
+    scheduler_cpu_ms_per_pod: float = 0.0
     loadavg_before: str = ""
     loadavg_after: str = ""
     allocation_check: str = ""
     profile: dict[str, float] = field(default_factory=dict)
     profile_file: str = ""
     started: str = ""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def loadavg() -> str:
@@ -371,6 +378,8 @@ def run_layout(args: argparse.Namespace, layout: str, out: Path) -> RunResult:
                 target=scheduler_profile, args=(cluster, args.profile, profile_path), daemon=True
             )
         result.loadavg_before = loadavg()
+        scheduler_pid = cluster.pids["kube-scheduler"]
+        cpu0 = cpu_seconds(scheduler_pid)
         t0 = time.monotonic()
         if profile_thread is not None:
             profile_thread.start()
@@ -384,9 +393,12 @@ def run_layout(args: argparse.Namespace, layout: str, out: Path) -> RunResult:
         deadline = t0 + args.timeout
         while len(watcher.bound) < args.pods and time.monotonic() < deadline:
             time.sleep(0.2)
+        cpu1 = cpu_seconds(scheduler_pid)
         result.loadavg_after = loadavg()
         watcher.stop()
         times = [t for t, _ in watcher.bound.values()]
+        if times:
+            result.scheduler_cpu_ms_per_pod = 1000 * (cpu1 - cpu0) / len(times)
         result.bound = len(times)
         result.seconds, result.pods_per_second, result.steady_pods_per_second = rates(times, t0)
         result.curve_interval = args.interval
@@ -407,7 +419,8 @@ def format_result(r: RunResult) -> str:
     prof = ", ".join(f"{k} {v:.0f}%" for k, v in r.profile.items())
     return (
         f"{r.layout:10} {r.request:8} pods {r.bound}/{r.pods} in {r.seconds:.1f}s: "
-        f"{r.pods_per_second:.2f} pods/s (steady {r.steady_pods_per_second:.2f}); "
+        f"{r.pods_per_second:.2f} pods/s (steady {r.steady_pods_per_second:.2f}), "
+        f"scheduler CPU {r.scheduler_cpu_ms_per_pod:.1f} ms/pod; "
         f"load {r.loadavg_before} -> {r.loadavg_after}; {r.allocation_check}; "
         f"curve/{r.curve_interval:.0f}s {r.curve}" + (f"; profile: {prof}" if prof else "")
     )
@@ -468,9 +481,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     by_layout = {r.layout: r for r in results}
     zone, node = by_layout.get("zone pools"), by_layout.get("node-local")
     if zone and node and node.pods_per_second > 0 and node.steady_pods_per_second > 0:
+        cpu = ""
+        if zone.scheduler_cpu_ms_per_pod > 0:
+            share = node.scheduler_cpu_ms_per_pod / zone.scheduler_cpu_ms_per_pod
+            cpu = f", scheduler CPU per pod {share:.2f}"
         print(
             f"ratio zone/node: {zone.pods_per_second / node.pods_per_second:.2f} overall, "
-            f"{zone.steady_pods_per_second / node.steady_pods_per_second:.2f} steady",
+            f"{zone.steady_pods_per_second / node.steady_pods_per_second:.2f} steady{cpu} "
+            "(node-local / zone pools)",
             flush=True,
         )
     return 0

@@ -35,10 +35,12 @@ ATTRIBUTE_SETS: Final = ("operator", "seed")
 zone, the class selector then matching gpu_type (names the model exactly as Thunder
 spells it: only possible while every spelling fits an attribute and zones agree on it)."""
 
-SELECTORS: Final = ("operator", "attribute-only")
-"""operator: driver == X && attribute == Y. attribute-only: the attribute test alone
-(the attribute's domain is the driver's, so it cannot match another driver's device
-unless that driver publishes thundercompute.com attributes)."""
+SELECTORS: Final = ("operator", "attribute-first", "attribute-only")
+"""operator: driver == X && attribute == Y. attribute-first: attribute == Y && driver == X
+(same result: CEL's && is false if either side is false, even if the other side is an
+error, such as a missing attribute on another driver's device; a device of another model
+fails on the first test). attribute-only: the attribute test alone (measured only: it
+would match another driver's device that carries thundercompute.com attributes)."""
 
 NODE_SELECTORS: Final = ("operator", "zone-only")
 """operator: the zone and the daemon's node selector (kubernetes.io/os=linux).
@@ -155,11 +157,11 @@ def _class_manifest(
         test = f"device.attributes[{domain}].gpu_type == {json.dumps(model)}"
     else:
         test = f"device.attributes[{domain}].gpu_type_label == {json.dumps(desired.type_label)}"
+    driver = f"device.driver == {json.dumps(desired.driver_name)}"
     if choices.selector == "operator":
-        if choices.attributes == "operator":
-            expression = desired.selector
-        else:
-            expression = f"device.driver == {json.dumps(desired.driver_name)} && {test}"
+        expression = f"{driver} && {test}"
+    elif choices.selector == "attribute-first":
+        expression = f"{test} && {driver}"
     else:
         expression = test
     manifest["spec"]["selectors"] = [{"cel": {"expression": expression}}]
