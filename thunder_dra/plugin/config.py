@@ -80,6 +80,8 @@ class DaemonConfig:
     ca_bundle: Path | None = None
     thunder: ThunderTuning = field(default_factory=ThunderTuning)
     intervals: Intervals = field(default_factory=Intervals)
+    claim_concurrency: int = 20  # claims prepared or unprepared at once, per daemon
+    kube_timeout: float = 20.0  # seconds per Kubernetes request
 
     # Everything below is a fixed layout under the four directories.
 
@@ -197,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--enrollment-retry-max", type=_positive, default=300.0)
     add("--sweep-interval", type=_positive, default=30.0)
     add("--install-timeout", type=_positive, default=900.0)
+    add("--claim-concurrency", type=int, default=20, help="claims worked on at once (1-256)")
+    add("--kube-timeout", type=_positive, default=20.0, help="seconds per Kubernetes request")
     return parser
 
 
@@ -224,6 +228,8 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonCo
         _absolute(f"--{name.replace('_', '-')}", getattr(args, name).absolute())
     if args.min_driver_version < 1:
         raise ConfigError("--min-driver-version must be positive")
+    if not 1 <= args.claim_concurrency <= 256:
+        raise ConfigError(f"--claim-concurrency {args.claim_concurrency} is not within 1-256")
     if args.thunder_retry_attempts < 1:
         raise ConfigError("--thunder-retry-attempts must be at least 1")
     if not 0 <= args.health_port <= 65535:
@@ -279,4 +285,6 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonCo
             sweep=args.sweep_interval,
             install_timeout=args.install_timeout,
         ),
+        claim_concurrency=args.claim_concurrency,
+        kube_timeout=args.kube_timeout,
     )

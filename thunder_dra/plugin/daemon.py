@@ -25,7 +25,7 @@ from thunder_dra.plugin.checkpoint import CheckpointStore, CheckpointVersionErro
 from thunder_dra.plugin.config import DaemonConfig
 from thunder_dra.plugin.crashpoints import CrashPoints
 from thunder_dra.plugin.enrollment import NodeEnroller
-from thunder_dra.plugin.handler import ClaimService
+from thunder_dra.plugin.handler import ClaimService, ClaimSlots
 from thunder_dra.plugin.health import HealthServer
 from thunder_dra.plugin.hostrunner import HostNamespaceRunner, HostRunner, LocalRunner
 from thunder_dra.plugin.kubeapi import KubeApi, KubeError, load_api_client
@@ -103,7 +103,7 @@ class Daemon:
 
     async def _start(self) -> tuple[PluginServer, HealthServer, ClaimService]:
         cfg = self.config
-        kube = KubeApi(load_api_client(cfg.kubeconfig))
+        kube = KubeApi(load_api_client(cfg.kubeconfig), timeout=cfg.kube_timeout)
         self._closers.append(kube.close)
         node = await read_node(kube, cfg)
         runner = make_runner(cfg)
@@ -257,6 +257,7 @@ class Daemon:
             claim_locks=claim_locks,
             metrics=self.metrics,
             tracer=tracer_provider.get_tracer("thunder_dra.plugin"),
+            slots=ClaimSlots(cfg.claim_concurrency, self.metrics.registry),
         )
         paths = SocketPaths.for_instance(
             cfg.driver_name, cfg.instance_id, cfg.registry_dir, cfg.plugin_dir
