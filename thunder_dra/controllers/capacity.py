@@ -11,6 +11,11 @@ Per Thunder zone and model (models compared ignoring case, thunder-api.md 7.5):
   clamped, so a typo cannot publish millions of devices;
 - published = max(floor(physical x target), live client GPUs).
 
+Vendor numbers are bounded: a host counts at most `max_gpus_per_host` GPUs (the rest
+is clamped and the pool says how many hosts were), and a client's GPUs count at most
+as much as one host may have, so a host or client reporting millions of GPUs cannot
+make the arithmetic below, or the pools built from it, grow without bound.
+
 Arithmetic is decimal: a float target is read as the shortest decimal that prints
 as it (`repr`), i.e. what the API sent, so 3 x 1.1 = 3.3 -> 3 and 10 x 0.3 = 3.0 -> 3,
 where binary floats would give 3.3000000000000003 and 2.9999999999999996.
@@ -114,6 +119,8 @@ class PoolCapacity:
     published: int
     zone_ids: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    clamped_hosts: int = 0
+    """Hosts (and clients) whose GPU count was above `max_gpus_per_host` and was clamped."""
 
     @property
     def model_key(self) -> str:
@@ -194,21 +201,30 @@ class _ZoneModel:
     spellings: set[str] = field(default_factory=set)
     physical: int = 0
     live: int = 0
+    clamped: int = 0
 
 
-def _zone_figures(zone: ZoneInventory) -> dict[str, _ZoneModel]:
+def _bounded(count: int, limit: int | None, entry: _ZoneModel) -> int:
+    if limit is not None and count > limit:
+        entry.clamped += 1
+        return limit
+    return count
+
+
+def _zone_figures(zone: ZoneInventory, max_gpus_per_host: int | None) -> dict[str, _ZoneModel]:
     figures: defaultdict[str, _ZoneModel] = defaultdict(_ZoneModel)
     for host in zone.hosts:
         if host.adds_capacity:
             entry = figures[gpu_type_key(host.gpu_type)]
             entry.spellings.add(host.gpu_type)
-            entry.physical += host.gpu_count
+            entry.physical += _bounded(host.gpu_count, max_gpus_per_host, entry)
     for client in zone.clients:
         if client.decommissioned or not client.gpu_type or not client.gpu_count:
             continue
         if client.gpu_count > 0:
             entry = figures[gpu_type_key(client.gpu_type)]
-            entry.live += client.gpu_count
+            # A client holds GPUs of one host: the host cap bounds it too.
+            entry.live += _bounded(client.gpu_count, max_gpus_per_host, entry)
             if not entry.physical:
                 entry.spellings.add(client.gpu_type)
     return figures
@@ -221,14 +237,20 @@ class _PoolSum:
     physical: int = 0
     live: int = 0
     published: int = 0
+    clamped: int = 0
     zones: list[tuple[str, Decimal, TargetSource, tuple[str, ...]]] = field(default_factory=list)
 
 
-def compute_capacity(zones: Iterable[ZoneInventory]) -> list[PoolCapacity]:
-    """Figures per (zone display name, model), sorted by zone name then model."""
+def compute_capacity(
+    zones: Iterable[ZoneInventory], *, max_gpus_per_host: int | None = None
+) -> list[PoolCapacity]:
+    """Figures per (zone display name, model), sorted by zone name then model.
+
+    With `max_gpus_per_host`, a host or client reporting more GPUs counts that many.
+    """
     sums: defaultdict[tuple[str, str], _PoolSum] = defaultdict(_PoolSum)
     for zone in zones:
-        for key, figures in _zone_figures(zone).items():
+        for key, figures in _zone_figures(zone, max_gpus_per_host).items():
             if figures.physical == 0 and figures.live == 0:
                 continue
             entry = sums[(zone.zone_name, key)]
@@ -237,6 +259,7 @@ def compute_capacity(zones: Iterable[ZoneInventory]) -> list[PoolCapacity]:
             target, source, warnings = resolve_target(zone.targets, min(spellings))
             entry.physical += figures.physical
             entry.live += figures.live
+            entry.clamped += figures.clamped
             entry.published += published_count(figures.physical, target, figures.live)
             entry.zones.append((zone.zone_id, target, source, warnings))
     result = []
@@ -254,6 +277,7 @@ def compute_capacity(zones: Iterable[ZoneInventory]) -> list[PoolCapacity]:
                 published=entry.published,
                 zone_ids=tuple(zone_id for zone_id, *_ in entry.zones),
                 warnings=tuple(w for *_, warnings in entry.zones for w in warnings),
+                clamped_hosts=entry.clamped,
             )
         )
     return result

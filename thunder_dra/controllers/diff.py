@@ -22,8 +22,9 @@ generation. When any differs, the pool's generation goes up by one (from the hig
 existing) and every slice of the pool is written with it, since consumers only use
 slices of a pool's newest generation. A slice whose driver differs (immutable) or that
 carries a nodeName is replaced. Pools and classes missing from the desired state are
-deleted, except when the caller says inventory is unavailable (nothing is deleted) or
-names zones it could not read (their pools, and the classes they use, are kept).
+deleted, except when the caller says inventory is unavailable (nothing is deleted),
+names zones it could not read, or names pools to keep as they are (their pools, and
+the classes they use, are kept).
 """
 
 from __future__ import annotations
@@ -253,6 +254,7 @@ def plan_resource_slices(
     *,
     inventory_available: bool = True,
     unavailable_zones: Collection[str] = (),
+    keep_pools: Collection[str] = (),
 ) -> SlicePlan:
     """The slice writes for `desired` given the listed ResourceSlices `existing`."""
     by_pool: defaultdict[str, list[Mapping[str, Any]]] = defaultdict(list)
@@ -271,7 +273,11 @@ def plan_resource_slices(
             actions += pool_actions
     kept: set[str] = set()
     for pool_name, objs in sorted(by_pool.items()):
-        if not inventory_available or any(_zone_of(o) in unavailable_zones for o in objs):
+        if (
+            not inventory_available
+            or pool_name in keep_pools
+            or any(_zone_of(o) in unavailable_zones for o in objs)
+        ):
             kept.add(pool_name)
             continue
         changed.add(pool_name)
@@ -319,6 +325,7 @@ def plan_inventory(
     *,
     inventory_available: bool = True,
     unavailable_zones: Collection[str] = (),
+    keep_pools: Collection[str] = (),
     extended_resource_supported: bool = True,
 ) -> InventoryPlan:
     """Slices and classes together; classes used by kept pools are kept as well."""
@@ -327,6 +334,7 @@ def plan_inventory(
         existing_slices,
         inventory_available=inventory_available,
         unavailable_zones=unavailable_zones,
+        keep_pools=keep_pools,
     )
     kept_labels = {
         (_meta(obj).get("labels") or {}).get(naming.LABEL_GPU_TYPE)

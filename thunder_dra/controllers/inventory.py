@@ -1,12 +1,15 @@
 """One inventory pass: Thunder inventory in, ResourceSlices and DeviceClasses out.
 
     token (Secret) -> Thunder zones, hosts, clients, targets   (thunderread)
-                   -> compute_capacity -> build_pools -> build_device_classes
-                   -> plan and apply the writes                 (publish)
+                   -> compute_capacity -> build_pools (limits)  (capacity, slices)
+                   -> pools kept for allocated devices, suspect shrinks held (shrinkguard)
+                   -> build_device_classes -> plan and apply the writes (publish)
 
 The published slices, classes and the claims' allocations are listed alongside the
 Thunder read. Nothing published is removed when Thunder cannot be read: a failed zone
-list keeps everything, a failed zone keeps its pools (and their classes). A pass where
+list keeps everything, a failed zone keeps its pools (and their classes). A shrinking
+answer is held until it repeats (shrinkguard), and devices allocated to ResourceClaims
+stay published whatever Thunder says, with their pool and class. A pass where
 nothing changed makes no write, also in a freshly started process, which compares with
 what it lists rather than with anything remembered.
 
@@ -20,13 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from opentelemetry import trace
 
 from thunder_dra.api.constants import API_VERSION, THUNDER_CLUSTER_KIND
-from thunder_dra.api.thundercluster import PoolStatus, ThunderCluster
+from thunder_dra.api.thundercluster import InventoryProtectionSpec, PoolStatus, ThunderCluster
 from thunder_dra.controllers.capacity import PoolCapacity, compute_capacity
 from thunder_dra.controllers.deviceclasses import build_device_classes, selector_expression
 from thunder_dra.controllers.events import EventRecorder, ObjectRef
@@ -38,12 +41,17 @@ from thunder_dra.controllers.listing import (
 )
 from thunder_dra.controllers.metrics import OperatorMetrics
 from thunder_dra.controllers.publish import Publisher, PublishOutcome
+from thunder_dra.controllers.shrinkguard import GuardDecision, PublishedPool, judge
 from thunder_dra.controllers.slices import (
+    DesiredPool,
     InventoryConfig,
     InventoryLayout,
     OwnerReference,
     build_pools,
     published_devices,
+    retained_pool,
+    sample_slices,
+    zone_of_slice,
 )
 from thunder_dra.controllers.status import ConditionState
 from thunder_dra.controllers.thunderaccess import ThunderClients, TokenUnavailable, read_token
@@ -68,20 +76,88 @@ class InventoryResult:
     synced: bool = False
     writes: int = 0
     retry_soon: bool = False
+    suspect: ConditionState | None = None
+    """InventorySuspect; None keeps the previous condition (the answer was not judged)."""
     outcome: PublishOutcome | None = field(default=None, repr=False)
 
 
-def _layout(
+@dataclass(frozen=True, slots=True)
+class PassLayout:
+    """What one pass will publish, computed off the event loop."""
+
+    capacities: list[PoolCapacity]
+    current: dict[str, frozenset[str]]
+    layout: InventoryLayout
+    """The pools to write; held pools are left out (they are kept as listed)."""
+    decision: GuardDecision
+
+
+def plan_layout(
     read: ThunderInventory,
     config: InventoryConfig,
     slices: Sequence[Mapping[str, Any]],
     allocated: Mapping[str, frozenset[str]],
-) -> tuple[list[PoolCapacity], dict[str, frozenset[str]], InventoryLayout]:
-    """Capacities, published devices and the pools to publish: CPU work for a thread."""
-    capacities = compute_capacity(read.zones)
+    protection: InventoryProtectionSpec,
+    streaks: Mapping[str, tuple[int, int]],
+) -> PassLayout:
+    """Capacities, limits, kept allocations and the shrink guard: CPU work for a thread."""
+    capacities = compute_capacity(read.zones, max_gpus_per_host=config.max_gpus_per_host)
     current = published_devices(slices)
     layout = build_pools(capacities, config, current_devices=current, allocated_devices=allocated)
-    return capacities, current, layout
+    samples = sample_slices(slices)
+    unreadable = read.unavailable_zone_names
+    pools: list[DesiredPool] = list(layout.pools)
+    desired = {pool.name for pool in pools}
+    # Thunder no longer reports these pools, but claims hold some of their devices.
+    for name, devices in sorted(allocated.items()):
+        sample = samples.get(name)
+        if name in desired or not devices or sample is None:
+            continue
+        if zone_of_slice(sample) in unreadable:
+            continue
+        kept = retained_pool(name, sample, devices, config)
+        if kept is not None:
+            pools.append(kept)
+    decision = judge(
+        [
+            PublishedPool(name, zone_of_slice(samples[name]) if name in samples else "", len(d))
+            for name, d in current.items()
+        ],
+        {pool.name: len(pool.devices) for pool in pools},
+        listed_zones=read.listed_zone_names,
+        unreadable_zones=unreadable,
+        max_shrink_percent=protection.max_shrink_percent,
+        confirm_passes=protection.confirm_passes,
+        streaks=streaks,
+    )
+    held = decision.held_names
+    if held and (config.max_devices is not None or config.max_pools is not None):
+        # Held pools stay as published and count against the limits: the others share
+        # what is left (the held set stays as judged, so a repeated answer is stable).
+        kept_devices = sum(len(current.get(name, ())) for name in held)
+        reserved = replace(
+            config,
+            max_devices=None
+            if config.max_devices is None
+            else max(config.max_devices - kept_devices, 0),
+            max_pools=None if config.max_pools is None else max(config.max_pools - len(held), 0),
+        )
+        rebuilt = build_pools(
+            capacities,
+            reserved,
+            current_devices=current,
+            allocated_devices=allocated,
+            skip_pools=held,
+        )
+        names = {pool.name for pool in rebuilt.pools}
+        pools = [
+            *rebuilt.pools,
+            *(p for p in pools if p.name not in names and p.name not in desired),
+        ]
+        layout = InventoryLayout(layout.pools, layout.skipped, rebuilt.clamps)
+    pools = sorted((pool for pool in pools if pool.name not in held), key=lambda p: p.name)
+    layout = InventoryLayout(tuple(pools), layout.skipped, layout.clamps)
+    return PassLayout(capacities, current, layout, decision)
 
 
 def _names(items: Sequence[str]) -> str:
@@ -113,6 +189,8 @@ class InventoryReconciler:
         self._metrics = metrics
         self._thunder_clients = thunder_clients
         self.extended_resource_supported: bool | None = None
+        self.streaks: dict[str, tuple[int, int]] = {}
+        """Suspect pools' answers and how many consecutive passes gave them."""
 
     async def run(
         self, cluster: ThunderCluster, ref: ObjectRef, previous_pools: Sequence[PoolStatus]
@@ -184,38 +262,57 @@ class InventoryReconciler:
             API_VERSION, THUNDER_CLUSTER_KIND, cluster.metadata.name, cluster.metadata.uid or ""
         )
         config = InventoryConfig.from_spec(spec, owner=owner)
-        outcome, pools = await self._publish(
-            read, config, slices, classes, claims.allocated_devices(), ref
+        outcome, pools, suspect = await self._publish(
+            read,
+            config,
+            spec.operator.inventory_protection,
+            slices,
+            classes,
+            claims.allocated_devices(),
+            ref,
         )
         del slices
         kept = set(outcome.kept_pools)
         pool_figures = [*pools, *(p for p in previous_pools if p.pool in kept)]
-        return self._result(read, outcome, pool_figures)
+        result = self._result(read, outcome, pool_figures)
+        result.suspect = suspect
+        return result
 
     async def _publish(
         self,
         read: ThunderInventory,
         config: InventoryConfig,
+        protection: InventoryProtectionSpec,
         slices: list[dict[str, Any]],
         classes: list[dict[str, Any]],
         allocated: Mapping[str, frozenset[str]],
         ref: ObjectRef,
-    ) -> tuple[PublishOutcome, list[PoolStatus]]:
-        capacities, current, layout = await asyncio.to_thread(
-            _layout, read, config, slices, allocated
+    ) -> tuple[PublishOutcome, list[PoolStatus], ConditionState]:
+        planned = await asyncio.to_thread(
+            plan_layout, read, config, slices, allocated, protection, dict(self.streaks)
         )
+        capacities, current, layout = planned.capacities, planned.current, planned.layout
+        self.streaks = planned.decision.streaks
+        suspect = await self._report_guard(planned.decision, protection, ref)
+        if layout.clamps:
+            message = "Thunder reported more than the limits allow: " + "; ".join(layout.clamps)
+            _log.warning(message, extra={"reason": "InventoryClamped"})
+            await self._events.post(ref, "Warning", "InventoryClamped", message)
         for capacity in capacities:
             for warning in capacity.warnings:
                 _log.warning(
                     "oversubscription target ignored",
                     extra={"zone": capacity.zone_name, "model": capacity.model, "problem": warning},
                 )
-        for skipped in layout.skipped:
+        if layout.skipped:
+            # One event for all of them: a hostile answer may name thousands of zones.
+            first = layout.skipped[0]
+            names = [f"zone {s.zone_name!r} model {s.model}" for s in layout.skipped]
             await self._events.post(
                 ref,
                 "Warning",
                 "PoolSkipped",
-                f"zone {skipped.zone_name!r} model {skipped.model}: {skipped.reason}",
+                f"{_plural(len(names), 'pool')} not published: {_names(names)}: {first.reason}",
             )
         device_classes = build_device_classes(layout.pools, config)
         supported = await self._extended_resource_support(config, classes)
@@ -227,6 +324,7 @@ class InventoryReconciler:
             current,
             inventory_available=True,
             unavailable_zones=read.unavailable_zone_names,
+            keep_pools=planned.decision.held_names,
             extended_resource_supported=supported,
         )
         if outcome.extended_resource_dropped and supported:
@@ -240,7 +338,32 @@ class InventoryReconciler:
                 "is off); classes are published without it, request GPUs with ResourceClaims",
             )
         await self._announce(outcome, ref)
-        return outcome, [pool.status() for pool in layout.pools]
+        return outcome, [pool.status() for pool in layout.pools], suspect
+
+    async def _report_guard(
+        self, decision: GuardDecision, protection: InventoryProtectionSpec, ref: ObjectRef
+    ) -> ConditionState:
+        confirm = protection.confirm_passes
+        if decision.confirmed:
+            described = [pool.describe(confirm) for pool in decision.confirmed]
+            message = (
+                f"Thunder's shrinking answer repeated {confirm} passes and is applied to "
+                f"{_plural(len(described), 'pool')}: {_names(described)}"
+            )
+            _log.warning(message, extra={"reason": "InventoryShrinkConfirmed"})
+            await self._events.post(ref, "Normal", "InventoryShrinkConfirmed", message)
+        if not decision.held:
+            return ConditionState(False, "InventoryTrusted", "no shrinking answer is held back")
+        described = [pool.describe(confirm) for pool in decision.held]
+        zones = list(decision.held_zones)
+        message = (
+            f"Thunder's answer would withdraw published devices; kept as published until "
+            f"the same answer repeats {confirm} passes: {_plural(len(zones), 'zone')} "
+            f"({_names(zones)}), {_plural(len(described), 'pool')}: {_names(described)}"
+        )
+        _log.warning(message, extra={"reason": "InventorySuspect", "pools": len(described)})
+        await self._events.post(ref, "Warning", "InventorySuspect", message)
+        return ConditionState(True, "ShrinkHeld", message)
 
     async def _extended_resource_support(
         self, config: InventoryConfig, classes: Sequence[Mapping[str, Any]]

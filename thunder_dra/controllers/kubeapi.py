@@ -24,6 +24,7 @@ from typing import Any, Final, TypeVar
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as Urllib3Error
 
 from thunder_dra.controllers.metrics import OperatorMetrics
 from thunder_dra.kube.rest import send
@@ -129,8 +130,10 @@ class KubeApi:
         metrics: OperatorMetrics,
         *,
         workers: int = 12,
+        request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
     ) -> None:
         configuration.connection_pool_maxsize = max(workers, 4)
+        self._timeout = request_timeout
         self.configuration = configuration
         self._api = k8s.ApiClient(configuration)
         self._api.user_agent = user_agent("operator")
@@ -160,12 +163,13 @@ class KubeApi:
                 query=query,
                 body=body,
                 content_type=content_type,
-                timeout=REQUEST_TIMEOUT,
+                timeout=self._timeout,
             )
         except ApiException as exc:
             reason, message = _error_message(exc.body)
             raise KubeError(method, path, exc.status, reason or str(exc.reason), message) from None
-        except OSError as exc:
+        except (OSError, Urllib3Error) as exc:
+            # Timeouts, resets and refused connections (urllib3 wraps them after retries).
             raise KubeError(method, path, None, type(exc).__name__, str(exc)) from None
         if not 200 <= response.status <= 299:
             reason, message = _error_message(response.data)

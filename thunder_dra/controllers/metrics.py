@@ -48,6 +48,13 @@ class OperatorMetrics:
             ["kind", "reason"],
             registry=registry,
         )
+        self.loop_errors = Counter(
+            "thunder_operator_loop_errors",
+            "Passes of a background loop (inventory, reaper) that raised, by loop and error "
+            "type; the loop retries with jittered exponential backoff.",
+            ["loop", "error"],
+            registry=registry,
+        )
         self.pass_starts = Counter(
             "thunder_operator_inventory_pass_starts",
             "Inventory passes started.",

@@ -67,7 +67,13 @@ class Operator:
         self.registry = CollectorRegistry()
         self.metrics = OperatorMetrics(self.registry)
         self.configuration = load_configuration(options.kubeconfig)
-        self.kube = KubeApi(self.configuration, self.metrics, workers=options.write_concurrency + 4)
+        read_timeout = options.kube_request_timeout.total_seconds()
+        self.kube = KubeApi(
+            self.configuration,
+            self.metrics,
+            workers=options.write_concurrency + 4,
+            request_timeout=(min(10.0, read_timeout), read_timeout),
+        )
         instance = os.environ.get("POD_ID") or socket.gethostname()
         self.events = EventRecorder(self.kube, instance)
         self.thunder_clients = ThunderClients(self.registry)

@@ -65,6 +65,8 @@ class OperatorOptions:
     log_level: str = "info"
     log_format: str = "auto"
     write_concurrency: int = 8
+    kube_request_timeout: timedelta = timedelta(seconds=60)
+    """Read timeout of one Kubernetes API request (the connect timeout is at most 10s)."""
     orphan_grace_period_override: timedelta | None = None
 
     @property
@@ -235,6 +237,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="most Kubernetes writes in flight while publishing (default %(default)s)",
     )
     parser.add_argument(
+        "--kube-request-timeout",
+        type=_duration,
+        default=_duration(_env(env, "THUNDER_KUBE_REQUEST_TIMEOUT", default="60s")),
+        help="read timeout of one Kubernetes API request; a loop whose request times out "
+        "retries with backoff (env THUNDER_KUBE_REQUEST_TIMEOUT; default 60s)",
+    )
+    parser.add_argument(
         "--orphan-grace-period-override", type=_duration, default=None, help=argparse.SUPPRESS
     )
     return parser
@@ -260,6 +269,8 @@ def parse_options(
         parser.error("--webhook-cert-file and --webhook-key-file go together")
     if args.write_concurrency < 1:
         parser.error("--write-concurrency must be at least 1")
+    if not 1 <= args.kube_request_timeout.total_seconds() <= 3600:
+        parser.error("--kube-request-timeout must be 1s to 1h")
     return OperatorOptions(
         namespace=args.namespace,
         kubeconfig=args.kubeconfig,
@@ -282,5 +293,6 @@ def parse_options(
         log_level=args.log_level,
         log_format=args.log_format,
         write_concurrency=args.write_concurrency,
+        kube_request_timeout=args.kube_request_timeout,
         orphan_grace_period_override=args.orphan_grace_period_override,
     )

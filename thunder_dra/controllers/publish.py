@@ -115,6 +115,7 @@ def plan_outside_batches(
     inventory_available: bool,
     unavailable_zones: Collection[str],
     extended_resource_supported: bool,
+    keep_pools: Collection[str] = (),
 ) -> ClassPlan:
     """Everything `plan_inventory` decides besides the desired pools' own slices."""
     desired = {pool.name for pool in pools}
@@ -126,6 +127,7 @@ def plan_outside_batches(
         retired,
         inventory_available=inventory_available,
         unavailable_zones=unavailable_zones,
+        keep_pools=keep_pools,
     )
     kept_labels = {
         label
@@ -207,8 +209,14 @@ class Publisher:
         *,
         inventory_available: bool = True,
         unavailable_zones: Collection[str] = (),
+        keep_pools: Collection[str] = (),
         extended_resource_supported: bool = True,
     ) -> PublishOutcome:
+        """Bring the published objects to `pools` and `classes`.
+
+        Pools in `keep_pools` (held by the shrink guard) and those of `unavailable_zones`
+        are left exactly as listed, with the classes they use.
+        """
         outcome = PublishOutcome()
         by_pool = group_by_pool(existing_slices)
         outside = await asyncio.to_thread(
@@ -220,6 +228,7 @@ class Publisher:
             inventory_available=inventory_available,
             unavailable_zones=unavailable_zones,
             extended_resource_supported=extended_resource_supported,
+            keep_pools=keep_pools,
         )
         outcome.kept_pools = sorted(outside.kept_pools)
         for pool in pools:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import copy
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ RETRY_DELAY: Final = 1.0
 INVALID_SPEC_RETRY: Final = 60.0
 REAPER_MAX_INTERVAL: Final = 30.0
 REAPER_MIN_INTERVAL: Final = 0.5
+BACKOFF_BASE: Final = 1.0
+BACKOFF_MAX: Final = 60.0
 
 _log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)
@@ -83,6 +86,21 @@ def fingerprint(body: Mapping[str, Any]) -> tuple[Any, Any]:
     return metadata.get("generation"), (metadata.get("annotations") or {}).get(RECONCILE_ANNOTATION)
 
 
+def backoff_delay(failures: int, *, base: float = BACKOFF_BASE, cap: float = BACKOFF_MAX) -> float:
+    """Seconds to wait after `failures` consecutive failed passes: exponential, capped,
+    with full jitter over the upper half so replicas and loops do not retry in step."""
+    ceiling = min(cap, base * 2 ** min(max(failures - 1, 0), 16))
+    return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not a secret
+
+
+def spec_errors(exc: ValidationError) -> str:
+    """Every validation error as `<field path>: <message>`, e.g. spec.operator.limits..."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in error['loc']) or '<object>'}: {error['msg']}"
+        for error in exc.errors()
+    )
+
+
 async def _wait(event: asyncio.Event, stopped: StopWaiter, seconds: float) -> None:
     """Until `event` is set, the loop is stopped, or `seconds` pass."""
     waiters = {
@@ -109,6 +127,10 @@ class ClusterLoop:
         self._status_loaded = False
         self._seen: tuple[Any, Any] | None = None
         self._cluster: ThunderCluster | None = None
+        self._last_valid: ThunderCluster | None = None
+        """The newest spec that validated: served while a newer one does not."""
+        self._inventory_failures = 0
+        self._reaper_failures = 0
 
     @property
     def ref(self) -> ObjectRef:
@@ -149,16 +171,27 @@ class ClusterLoop:
         ):
             try:
                 result, delay = await self._cycle(raw)
+                self._inventory_failures = 0
             except KubeError as exc:
                 # The API server is unreachable or refused a read: nothing to report it on.
-                _log.warning("reconcile failed", extra={"cluster": self.name, "error": str(exc)})
+                self._inventory_failures += 1
+                delay = backoff_delay(self._inventory_failures)
+                _log.warning(
+                    "reconcile failed, retrying",
+                    extra={"cluster": self.name, "error": str(exc), "retry_in": round(delay, 1)},
+                )
                 metrics.reconcile_errors.labels("inventory", exc.reason or "KubeError").inc()
-                delay = RETRY_DELAY * 5
+                metrics.loop_errors.labels("inventory", type(exc).__name__).inc()
             except Exception as exc:
                 # A bug or an unexpected API answer: report it and keep the loop alive.
-                _log.exception("reconcile failed", extra={"cluster": self.name})
+                self._inventory_failures += 1
+                delay = backoff_delay(self._inventory_failures)
+                _log.exception(
+                    "reconcile failed, retrying",
+                    extra={"cluster": self.name, "retry_in": round(delay, 1)},
+                )
                 metrics.reconcile_errors.labels("inventory", type(exc).__name__).inc()
-                delay = RETRY_DELAY * 5
+                metrics.loop_errors.labels("inventory", type(exc).__name__).inc()
             finally:
                 metrics.passes.labels(result).inc()
                 metrics.reconcile_duration.labels("cycle").observe(time.monotonic() - started)
@@ -172,16 +205,43 @@ class ClusterLoop:
         try:
             cluster = ThunderCluster.model_validate(raw)
         except ValidationError as exc:
-            message = "; ".join(
-                f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}"
-                for error in exc.errors()
+            # Written while the webhook was down, or by a client that skipped it: the last
+            # valid spec keeps being served, and status says which field is wrong.
+            message = spec_errors(exc)
+            last = self._last_valid
+            if last is None:
+                message = f"the spec is invalid and no valid one was seen yet: {message}"
+                await self.services.events.post(self.ref, "Warning", "InvalidSpec", message)
+                invalid = ConditionState(False, "InvalidSpec", message)
+                await self._write_status(
+                    Observation(
+                        generation,
+                        invalid,
+                        invalid,
+                        invalid,
+                        None,
+                        synced=False,
+                        spec_valid=invalid,
+                    )
+                )
+                return "invalid_spec", INVALID_SPEC_RETRY
+            message = (
+                f"generation {generation} is invalid, serving generation "
+                f"{last.metadata.generation}: {message}"
             )
+            _log.warning(message, extra={"cluster": self.name, "reason": "InvalidSpec"})
             await self.services.events.post(self.ref, "Warning", "InvalidSpec", message)
-            invalid = ConditionState(False, "InvalidSpec", message)
-            await self._write_status(
-                Observation(generation, invalid, invalid, invalid, None, synced=False)
-            )
-            return "invalid_spec", INVALID_SPEC_RETRY
+            spec_valid = ConditionState(False, "InvalidSpec", message)
+            return await self._serve(last, last.metadata.generation, spec_valid)
+        self._last_valid = cluster
+        return await self._serve(
+            cluster, generation, ConditionState(True, "Valid", "the spec is valid")
+        )
+
+    async def _serve(
+        self, cluster: ThunderCluster, generation: int | None, spec_valid: ConditionState
+    ) -> tuple[str, float]:
+        """One DaemonSet, inventory and status cycle with `cluster`'s spec."""
         interval = cluster.spec.operator.reconcile_interval.total_seconds()
         other = await self._primary_elsewhere()
         # The reaper works only for the ThunderCluster in use: two would race on Clients.
@@ -190,7 +250,15 @@ class ClusterLoop:
             message = f'ThunderCluster "{other}" is the one this cluster uses; this one is ignored'
             duplicate = ConditionState(False, "DuplicateThunderCluster", message)
             await self._write_status(
-                Observation(generation, duplicate, duplicate, duplicate, None, synced=False)
+                Observation(
+                    generation,
+                    duplicate,
+                    duplicate,
+                    duplicate,
+                    None,
+                    synced=False,
+                    spec_valid=spec_valid,
+                )
             )
             return "not_primary", interval
         daemon_state = await self._reconcile_daemonset(cluster)
@@ -208,6 +276,8 @@ class ClusterLoop:
                 daemon_state,
                 inventory.pools,
                 synced=inventory.synced,
+                suspect=inventory.suspect,
+                spec_valid=spec_valid,
             )
         )
         if inventory.pools is not None and inventory.result != "thunder_unavailable":
@@ -305,7 +375,24 @@ class ClusterLoop:
     ) -> None:
         while not is_stopped():
             self.reaper_trigger.clear()
-            delay = await self.reap_once()
+            try:
+                delay = await self.reap_once()
+                self._reaper_failures = 0
+            except Exception as exc:
+                # Whatever the API server or Thunder did (timeouts, resets, 5xx, a body
+                # of the wrong shape), the reaper must live on: orphans still cost money.
+                self._reaper_failures += 1
+                delay = backoff_delay(self._reaper_failures, cap=REAPER_MAX_INTERVAL)
+                reason = exc.reason if isinstance(exc, KubeError) else ""
+                self.services.metrics.reconcile_errors.labels(
+                    "reaper", reason or type(exc).__name__
+                ).inc()
+                self.services.metrics.loop_errors.labels("reaper", type(exc).__name__).inc()
+                _log.warning(
+                    "client reaper pass failed, retrying",
+                    exc_info=not isinstance(exc, KubeError),
+                    extra={"error": str(exc), "retry_in": round(delay, 1)},
+                )
             await _wait(self.reaper_trigger, stopped, delay)
             # Client events come in bursts (our own status patches among them).
             await _wait(asyncio.Event(), stopped, REAPER_MIN_INTERVAL)
@@ -340,10 +427,6 @@ class ClusterLoop:
                 list_claims(services.kube, cluster.spec.operator.driver_name),
             )
             outcome = await services.reaper.run_pass(clients, claims, grace, thunder, key)
-        except KubeError as exc:
-            services.metrics.reconcile_errors.labels("reaper", exc.reason or "error").inc()
-            _log.warning("client reaper pass failed", extra={"error": str(exc)})
-            return interval
         finally:
             services.metrics.reconcile_duration.labels("reaper").observe(time.monotonic() - started)
         services.metrics.reaper_passes.inc()

@@ -22,6 +22,14 @@ Device indices are stable: the devices currently published keep their names;
 growing fills the lowest unused indices; shrinking removes the highest indices not
 allocated to a claim, so an allocated device is never withdrawn (a pool may then
 stay above its target until those claims end). Generations are the diff's concern.
+
+Limits (`spec.operator.limits`): a pool publishes at most `max_devices_per_pool`
+devices, at most `max_pools` pools are published and at most `max_devices` devices in
+all. What is over a limit is clamped and reported in `InventoryLayout.clamps`. Pools
+are served in a fixed order, so a repeated answer clamps the same way: pools with
+allocated devices first, then those already published, then by name. Allocated
+devices are published whatever the limits (they are already in use), so the totals
+can only exceed a limit by devices that claims hold.
 """
 
 from __future__ import annotations
@@ -71,17 +79,26 @@ class InventoryConfig:
     )
     owner: OwnerReference | None = None
     max_devices_per_slice: int = MAX_DEVICES_PER_SLICE
+    max_gpus_per_host: int | None = None
+    max_devices_per_pool: int | None = None
+    max_pools: int | None = None
+    max_devices: int | None = None
 
     @classmethod
     def from_spec(
         cls, spec: ThunderClusterSpec, owner: OwnerReference | None = None
     ) -> InventoryConfig:
+        limits = spec.operator.limits
         return cls(
             driver_name=spec.operator.driver_name,
             device_class_prefix=spec.operator.device_class_prefix,
             extended_resource_prefix=spec.operator.extended_resource_prefix,
             daemon_node_selector=dict(spec.daemon.node_selector),
             owner=owner,
+            max_gpus_per_host=limits.max_gpus_per_host,
+            max_devices_per_pool=limits.max_devices_per_pool,
+            max_pools=limits.max_pools,
+            max_devices=limits.max_devices,
         )
 
 
@@ -197,6 +214,8 @@ class InventoryLayout:
 
     pools: tuple[DesiredPool, ...]
     skipped: tuple[SkippedPool, ...] = ()
+    clamps: tuple[str, ...] = ()
+    """What a limit cut, one line per limit, naming the limit, the pools and the figures."""
 
 
 def stable_device_names(
@@ -206,10 +225,13 @@ def stable_device_names(
 
     Current devices keep their names; growing adds the lowest unused indices;
     shrinking drops the highest indices that are not in `allocated`. Names in
-    `current` that this pool's model would not produce are dropped.
+    `current` that this pool's model would not produce are dropped. Every name in
+    `allocated` that this pool's model produces is kept, published or not, so the
+    result can be longer than `count`.
     """
     indices = {i for i in (naming.device_index(type_label, n) for n in current) if i is not None}
     pinned = {i for i in (naming.device_index(type_label, n) for n in allocated) if i is not None}
+    indices |= pinned
     chosen = set(indices)
     if count >= len(indices):
         candidate = 0
@@ -267,11 +289,14 @@ def build_pools(
     *,
     current_devices: Mapping[str, Collection[str]] | None = None,
     allocated_devices: Mapping[str, Collection[str]] | None = None,
+    skip_pools: Collection[str] = (),
 ) -> InventoryLayout:
     """The pools to publish for `capacities`.
 
     `current_devices` (from `published_devices`) and `allocated_devices` (device
-    names allocated to ResourceClaims, per pool name) keep indices stable.
+    names allocated to ResourceClaims, per pool name) keep indices stable. Pools named
+    in `skip_pools` are left out (names are assigned as if they were not), for pools
+    kept as they are whose devices the caller took out of the limits.
     """
     current_devices = current_devices or {}
     allocated_devices = allocated_devices or {}
@@ -293,19 +318,43 @@ def build_pools(
     zone_labels = naming.assign_labels(c.zone_name for c in publishable)
     type_labels = naming.assign_labels(c.model_key for c in capacities)
     node_selector = tuple(sorted(config.daemon_node_selector.items()))
-    pools = []
-    for capacity in publishable:
-        zone_label, type_label = zone_labels[capacity.zone_name], type_labels[capacity.model_key]
-        name = naming.pool_name(zone_label, type_label)
-        devices = stable_device_names(
-            type_label,
-            capacity.published,
-            current_devices.get(name, ()),
-            allocated_devices.get(name, ()),
+    named = [
+        (naming.pool_name(zone_labels[c.zone_name], type_labels[c.model_key]), c)
+        for c in publishable
+    ]
+    # The order pools are served in when a limit cuts: see the module docstring.
+    named.sort(
+        key=lambda item: (
+            not allocated_devices.get(item[0]),
+            item[0] not in current_devices,
+            item[0],
         )
+    )
+    clamps = _Clamps()
+    budget = config.max_devices
+    pools: list[DesiredPool] = []
+    for name, capacity in named:
+        if name in skip_pools:
+            continue
+        zone_label, type_label = zone_labels[capacity.zone_name], type_labels[capacity.model_key]
+        pinned = allocated_devices.get(name, ())
+        if config.max_pools is not None and len(pools) >= config.max_pools and not pinned:
+            clamps.pools_dropped.append(name)
+            continue
+        count = capacity.published
+        if config.max_devices_per_pool is not None and count > config.max_devices_per_pool:
+            clamps.per_pool.append(f"{name} {count}->{config.max_devices_per_pool}")
+            count = config.max_devices_per_pool
+        if budget is not None and count > budget:
+            clamps.total.append(f"{name} {count}->{budget}")
+            count = budget
+        if capacity.clamped_hosts:
+            clamps.hosts.append(f"{name} ({capacity.clamped_hosts})")
+        devices = stable_device_names(type_label, count, current_devices.get(name, ()), pinned)
+        if budget is not None:
+            budget = max(budget - len(devices), 0)
         if not devices:
             continue
-        chunks = split_devices(devices, config.max_devices_per_slice)
         pools.append(
             DesiredPool(
                 name=name,
@@ -319,11 +368,125 @@ def build_pools(
                 driver_name=config.driver_name,
                 node_selector=node_selector,
                 owner=config.owner,
-                slices=tuple(
-                    DesiredSlice(naming.slice_name(zone_label, type_label, k), chunk)
-                    for k, chunk in enumerate(chunks)
-                ),
+                slices=_slices(zone_label, type_label, devices, config),
             )
         )
     pools.sort(key=lambda pool: pool.name)
-    return InventoryLayout(pools=tuple(pools), skipped=tuple(skipped))
+    return InventoryLayout(pools=tuple(pools), skipped=tuple(skipped), clamps=clamps.lines(config))
+
+
+def _slices(
+    zone_label: str, type_label: str, devices: tuple[str, ...], config: InventoryConfig
+) -> tuple[DesiredSlice, ...]:
+    chunks = split_devices(devices, config.max_devices_per_slice)
+    return tuple(
+        DesiredSlice(naming.slice_name(zone_label, type_label, k), chunk)
+        for k, chunk in enumerate(chunks)
+    )
+
+
+CLAMP_NAMES_SHOWN: Final = 10
+
+
+def _shown(items: list[str]) -> str:
+    more = len(items) - CLAMP_NAMES_SHOWN
+    shown = ", ".join(items[:CLAMP_NAMES_SHOWN])
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
+@dataclass(slots=True)
+class _Clamps:
+    hosts: list[str] = field(default_factory=list)
+    per_pool: list[str] = field(default_factory=list)
+    pools_dropped: list[str] = field(default_factory=list)
+    total: list[str] = field(default_factory=list)
+
+    def lines(self, config: InventoryConfig) -> tuple[str, ...]:
+        lines = []
+        if self.hosts:
+            lines.append(
+                f"hosts reporting more than maxGPUsPerHost={config.max_gpus_per_host} GPUs "
+                f"counted at {config.max_gpus_per_host}, per pool: {_shown(self.hosts)}"
+            )
+        if self.per_pool:
+            lines.append(
+                f"{len(self.per_pool)} pools clamped to maxDevicesPerPool="
+                f"{config.max_devices_per_pool}: {_shown(self.per_pool)}"
+            )
+        if self.pools_dropped:
+            lines.append(
+                f"{len(self.pools_dropped)} pools not published, above maxPools="
+                f"{config.max_pools}: {_shown(self.pools_dropped)}"
+            )
+        if self.total:
+            lines.append(
+                f"{len(self.total)} pools clamped to stay within maxDevices="
+                f"{config.max_devices}: {_shown(self.total)}"
+            )
+        return tuple(lines)
+
+
+def retained_pool(
+    name: str,
+    sample: Mapping[str, Any],
+    devices: Collection[str],
+    config: InventoryConfig,
+) -> DesiredPool | None:
+    """A pool Thunder no longer reports, kept for the `devices` claims hold.
+
+    Its zone, model and target come from `sample`, one of its published slices (the
+    pool's name is `<zone label>/<type label>`); None when nothing can be kept.
+    """
+    zone_label, _, type_label = name.partition("/")
+    if not type_label or not is_inventory_slice(sample):
+        return None
+    metadata = sample.get("metadata") or {}
+    labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
+    zone_name = annotations.get(naming.ANNOTATION_ZONE) or labels.get(naming.LABEL_ZONE)
+    model = annotations.get(naming.ANNOTATION_GPU_TYPE) or type_label
+    if not isinstance(zone_name, str) or not isinstance(model, str):
+        return None
+    names = stable_device_names(type_label, 0, (), devices)
+    if not names:
+        return None
+    try:
+        target = Decimal(str(labels.get(naming.LABEL_OVERSUBSCRIPTION) or "1"))
+    except ArithmeticError:
+        target = Decimal(1)
+    if not target.is_finite() or target <= 0:
+        target = Decimal(1)
+    return DesiredPool(
+        name=name,
+        zone_name=zone_name,
+        zone_label=zone_label,
+        model=model,
+        type_label=type_label,
+        target=target,
+        physical=0,
+        live_client_gpus=0,
+        driver_name=config.driver_name,
+        node_selector=tuple(sorted(config.daemon_node_selector.items())),
+        owner=config.owner,
+        slices=_slices(zone_label, type_label, names, config),
+    )
+
+
+def sample_slices(existing_slices: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Pool name -> one of its published slices (the first listed)."""
+    samples: dict[str, Mapping[str, Any]] = {}
+    for obj in existing_slices:
+        if not is_inventory_slice(obj):
+            continue
+        pool = ((obj.get("spec") or {}).get("pool") or {}).get("name")
+        if isinstance(pool, str):
+            samples.setdefault(pool, obj)
+    return samples
+
+
+def zone_of_slice(obj: Mapping[str, Any]) -> str:
+    """The Thunder zone display name a slice was published for ("" if unknown)."""
+    metadata = obj.get("metadata") or {}
+    zone = (metadata.get("annotations") or {}).get(naming.ANNOTATION_ZONE)
+    if zone is None:
+        zone = (metadata.get("labels") or {}).get(naming.LABEL_ZONE)
+    return zone if isinstance(zone, str) else ""

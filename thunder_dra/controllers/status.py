@@ -1,8 +1,11 @@
 """The ThunderCluster status: conditions, pool figures, and when to write them.
 
 Conditions: `ThunderReachable` (every zone was read), `InventorySynced` (the published
-objects match Thunder), `DaemonReady` (every daemon pod is updated and ready) and
-`Ready` (all three). A condition keeps its `lastTransitionTime` while its status holds.
+objects match Thunder), `DaemonReady` (every daemon pod is updated and ready),
+`InventorySuspect` (True while a shrinking answer is held back until it repeats),
+`SpecValid` (False while the spec does not validate and the last valid one is served)
+and `Ready` (the first three, and a valid spec). A condition keeps its
+`lastTransitionTime` while its status holds.
 
 Write policy. Status patches are not inventory writes, but a patch every pass would
 still be an etcd write every `reconcileInterval` for nothing. So the status is patched
@@ -57,6 +60,10 @@ class Observation:
     """None keeps the previous figures (nothing was read)."""
     synced: bool
     """The pass read Thunder and brought the published objects in line."""
+    suspect: ConditionState | None = None
+    """InventorySuspect; None keeps the previous condition."""
+    spec_valid: ConditionState | None = None
+    """SpecValid; None keeps the previous condition."""
 
 
 def utcnow() -> datetime:
@@ -84,14 +91,24 @@ def build_status(
         ConditionType.INVENTORY_SYNCED: observation.inventory,
         ConditionType.DAEMON_READY: observation.daemon,
     }
-    states[ConditionType.READY] = ready_state(*states.values())
+    gating = list(states.values())
+    if observation.spec_valid is not None:
+        gating.append(observation.spec_valid)
+    states[ConditionType.READY] = ready_state(*gating)
+    if observation.suspect is not None:
+        states[ConditionType.INVENTORY_SUSPECT] = observation.suspect
+    if observation.spec_valid is not None:
+        states[ConditionType.SPEC_VALID] = observation.spec_valid
     for type_ in (
         ConditionType.READY,
         ConditionType.INVENTORY_SYNCED,
         ConditionType.THUNDER_REACHABLE,
         ConditionType.DAEMON_READY,
+        ConditionType.INVENTORY_SUSPECT,
+        ConditionType.SPEC_VALID,
     ):
-        conditions = set_condition(conditions, states[type_].condition(type_, now, generation))
+        if type_ in states:
+            conditions = set_condition(conditions, states[type_].condition(type_, now, generation))
     pools = (
         list(base.pools)
         if observation.pools is None

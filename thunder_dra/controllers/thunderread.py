@@ -55,6 +55,8 @@ class ThunderInventory:
     target_failures: list[ZoneFailure] = field(default_factory=list)
     reads: int = 0
     """Thunder requests made (each counted once, whatever its retries)."""
+    listed_zone_names: frozenset[str] = frozenset()
+    """Display names of every zone the zone list returned, readable or not."""
 
     @property
     def available(self) -> bool:
@@ -82,6 +84,7 @@ async def read_inventory(client: ThunderClient, concurrency: int) -> ThunderInve
             span.set_attribute("thunder.error", result.error_kind)
             return result
         span.set_attribute("thunder.zones", len(zones))
+        result.listed_zone_names = frozenset(zone.display_name for zone in zones)
         gate = _Gate(concurrency, result)
         read = await asyncio.gather(*(_read_zone(zone, client, gate) for zone in zones))
         failed_names: set[str] = set()

@@ -1,0 +1,106 @@
+"""The operator's loops live through an API server that stops answering.
+
+The real kube-apiserver is paused (SIGSTOP) for several times the operator's request
+timeout (`--kube-request-timeout 2s` here) while the inventory loop (every 5s) and the
+Client reaper (grace period 4s) run, then resumed (SIGCONT). Both loops must count
+their errors in `thunder_operator_loop_errors_total{loop=...}`, retry with backoff,
+and go on doing their job: a zone added meanwhile is published without being asked
+for, and an orphaned Client recorded afterwards is still revoked and removed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from hack.cluster import Cluster
+from hack.fake_thunder import FakeThunderProcess
+from tests.integration.operator.harness import OperatorEnv, operator_env
+from tests.integration.operator.test_operator_reaper import (
+    assert_revoked,
+    client_object,
+    enroll,
+    record_client,
+)
+from tests.support.kube import Kube, wait_for
+
+REQUEST_TIMEOUT = 2.0
+PAUSE = 6 * REQUEST_TIMEOUT
+
+
+@pytest.fixture(scope="module")
+def env(
+    kube: Kube,
+    cluster: Cluster,
+    fake_thunder: FakeThunderProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorEnv]:
+    with operator_env(
+        kube,
+        cluster,
+        fake_thunder,
+        tmp_path_factory.mktemp("operator"),
+        extra_args=[
+            "--orphan-grace-period-override",
+            "4s",
+            "--kube-request-timeout",
+            f"{REQUEST_TIMEOUT:g}s",
+        ],
+    ) as made:
+        made.patch_thundercluster({"spec": {"operator": {"reconcileInterval": "5s"}}})
+        yield made
+
+
+def loop_errors(env: OperatorEnv, loop: str) -> float:
+    return env.operator.metric("thunder_operator_loop_errors_total", loop=loop)
+
+
+def test_the_loops_survive_a_paused_apiserver(env: OperatorEnv) -> None:
+    before = env.zone("before")
+    env.add_zone(before, [("A6000", 2)])
+    env.sync()
+    assert env.devices(f"{before}/a6000") == ["a6000-0", "a6000-1"]
+    reaper_passes = env.operator.metric("thunder_operator_reaper_passes_total")
+    wait_for(
+        lambda: env.operator.metric("thunder_operator_reaper_passes_total") > reaper_passes,
+        "a reaper pass before the pause",
+    )
+
+    apiserver = env.cluster.pids()["kube-apiserver"]
+    during = env.zone("during")
+    os.kill(apiserver, signal.SIGSTOP)
+    try:
+        env.add_zone(during, [("A6000", 3)])
+        time.sleep(PAUSE)
+        # The operator is not stuck: it still answers its probes and metrics.
+        assert env.operator.metric("thunder_operator_inventory_pass_starts_total") >= 1
+    finally:
+        os.kill(apiserver, signal.SIGCONT)
+
+    wait_for(lambda: loop_errors(env, "reaper") >= 1, "reaper errors counted", timeout=60)
+    wait_for(lambda: loop_errors(env, "inventory") >= 1, "inventory errors counted", timeout=60)
+    # Not asked for: the inventory loop's own timer publishes what Thunder has now.
+    wait_for(
+        lambda: env.devices(f"{during}/a6000") == ["a6000-0", "a6000-1", "a6000-2"],
+        "the zone added during the pause to be published",
+        timeout=90,
+    )
+    assert env.operator.popen is not None
+    assert env.operator.popen.poll() is None
+
+    with env.kube.namespace("paused") as namespace:
+        token_id, client_id = enroll(env)
+        record_client(
+            env, namespace, "orphan", ("never-existed", str(uuid.uuid4())), token_id, client_id
+        )
+        wait_for(
+            lambda: client_object(env, namespace, "orphan") is None,
+            "the reaper to revoke an orphan after the pause",
+            timeout=90,
+        )
+        assert_revoked(env, token_id, client_id)
