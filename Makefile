@@ -99,8 +99,25 @@ build: $(STAMP) ## Wheel and sdist into dist/, version stamped (BUILD_VERSION=0.
 	$(PY) -m hack.build_dist
 
 .PHONY: image
-image: ## Operator and daemon images from containers/ (needs a docker engine)
+image: $(STAMP) ## Operator and daemon images as OCI archives, no docker: Debian packages + wheels (root; cached)
+	@hack/build-node-tools.sh --debs
+	$(PY) -m hack.image build
+
+.PHONY: image-docker
+image-docker: ## Operator and daemon images from containers/ with docker (needs a docker engine)
 	hack/images.sh build
+
+.PHONY: node-tools
+node-tools: ## Build (once, cached) kubelet, containerd and the pause image; install runc, CNI plugins (root)
+	@hack/build-node-tools.sh >/dev/null
+
+.PHONY: node
+node: $(STAMP) tools node-tools image ## Local control plane plus a real node (kubelet, containerd) until Ctrl-C (root)
+	$(PY) -m hack.node run $$($(PY) -m hack.image print | awk '{print "--image", $$2}')
+
+.PHONY: node-cleanup
+node-cleanup: $(STAMP) ## Remove what a real node whose launcher died left behind (root)
+	$(PY) -m hack.node cleanup
 
 .PHONY: push
 push: ## Push the images (REGISTRY=..., IMAGE_TAG=...; needs a docker engine)
