@@ -115,6 +115,10 @@ node-tools: ## Build (once, cached) kubelet, containerd and the pause image; ins
 node: $(STAMP) tools node-tools image ## Local control plane plus a real node (kubelet, containerd) until Ctrl-C (root)
 	$(PY) -m hack.node run $$($(PY) -m hack.image print | awk '{print "--image", $$2}')
 
+.PHONY: test-node
+test-node: $(STAMP) tools node-tools image ## The real-node tests (tests/e2e/node; root): images via runc, a kubelet + containerd node
+	THUNDER_REAL_NODE=1 $(VENV)/bin/pytest tests/e2e/node $(PYTEST_ARGS)
+
 .PHONY: node-cleanup
 node-cleanup: $(STAMP) ## Remove what a real node whose launcher died left behind (root)
 	$(PY) -m hack.node cleanup
