@@ -20,11 +20,11 @@ that is not being deleted, and that no open journal entry of any instance names,
   claim without a checkpoint entry does.
 
 This runs whenever a load finds the checkpoint set aside or missing (at start-up or before
-a kubelet call); a run that fails (API or Thunder down) is retried by the journal sweep. The records are listed across
-namespaces (``list`` on ``clients``); a daemon not allowed to list them looks up, one by
-one, the records of the claims its node still has traces of (CDI specs name the claim's
-namespace, the set-aside file's claims if it still parses) and says so in the log, since a
-VM's claim leaves no trace on the node.
+a kubelet call); a run that fails (API or Thunder down) is retried by the journal sweep.
+The records are listed across namespaces (``list`` on ``clients``); a daemon not allowed
+to list them looks up, one by one, the records of the claims its node still has traces of
+(CDI specs name the claim's namespace, the set-aside file's claims if it still parses) and
+says so in the log, since a VM's claim leaves no trace on the node.
 """
 
 from __future__ import annotations
