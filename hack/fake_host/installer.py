@@ -1,7 +1,7 @@
 """Fake ``thunder-fake-installer``: what the real installer would do, against the fakes.
 
 The fake artifact host's ``install.sh`` execs this when it is on PATH, with the variables of
-contract 3.2 (or 3.4) inherited through ``sudo``:
+contract 3.2 (or 3.4) in its environment (from the daemon, or through a ``sudo VAR=value``):
 
 - ``THUNDER_INSTALL_MODE=thunderd``: consume the server enrollment token by registering a
   host with the fake service (``POST <THUNDER_CENTRAL_URL>/_admin/hosts``) in the zone named
@@ -9,20 +9,38 @@ contract 3.2 (or 3.4) inherited through ``sudo``:
   record thunderd as installed, enrolled and healthy in the state directory.
 - ``THUNDER_INSTALL_MODE=client``: exchange the client token (2.9) and write
   ``client-config.json`` with the keys of contract section 4.
+
+Every run is recorded in ``installs.log``: a ``start`` line (``concurrent``: another
+install was running on this host at the time; ``tokenInArgv``: the enrollment token
+appeared in the argv of this process or of any ancestor, e.g. a ``sudo VAR=value``;
+``ancestors``: their argv with token values masked) and an ``end`` line. ``installer.json``
+``delaySeconds`` makes an install take that long, so overlaps and process lists can be
+observed.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import json
 import os
 import re
 import sys
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
-from hack.fake_host.state import CLIENT_CONFIG_FILE, FakeHost, write_json_atomic
+from hack.fake_host.state import (
+    CLIENT_CONFIG_FILE,
+    INSTALLER_LOCK_FILE,
+    MASK,
+    FakeHost,
+    masked_argv,
+    write_json_atomic,
+)
 
 _THUNDERD_REQUIRED = (
     "THUNDER_CENTRAL_URL",
@@ -151,11 +169,86 @@ def install_client(host: FakeHost, env: dict[str, str]) -> None:
     print(f"thunder client installed as {claims['clientId']}")
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0")[:-1]]
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+    except OSError:
+        return 0
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def ancestry() -> list[list[str]]:
+    """The argv of this process and of each ancestor up to (not including) PID 1."""
+    chain: list[list[str]] = []
+    pid = os.getpid()
+    while pid > 1 and len(chain) < 64:
+        chain.append(_cmdline(pid))
+        pid = _parent(pid)
+    return chain
+
+
+def _hide(argv: list[str], token: str) -> list[str]:
+    return [word.replace(token, MASK) if token else word for word in argv]
+
+
+@contextlib.contextmanager
+def _install_slot(host: FakeHost) -> Iterator[bool]:
+    """Holds the host's install lock; yields whether another install held it already."""
+    fd = os.open(host.root / INSTALLER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            concurrent = False
+        except BlockingIOError:
+            concurrent = True  # carry on regardless: a real installer has no such lock
+        yield concurrent
+    finally:
+        os.close(fd)
+
+
 def main(argv: list[str]) -> int:
     host = FakeHost.from_env()
     env = dict(os.environ)
     host.log_call("thunder-fake-installer", argv, env)
     mode = env.get("THUNDER_INSTALL_MODE", "")
+    token = env.get("THUNDER_ENROLLMENT_TOKEN", "").strip()
+    with _install_slot(host) as concurrent:
+        chain = ancestry()
+        host.log_install(
+            {
+                "event": "start",
+                "pid": os.getpid(),
+                "mode": mode,
+                "concurrent": concurrent,
+                "tokenInArgv": bool(token) and any(token in word for a in chain for word in a),
+                "ancestors": [_hide(masked_argv(a), token) for a in chain],
+            }
+        )
+        settings = host.installer_settings()
+        delay = float(settings.get("delaySeconds") or 0)
+        if delay > 0:
+            time.sleep(delay)
+        if settings.get("fail"):
+            print("thunder installer: failed (installer.json fail)", file=sys.stderr)
+            code = 1
+        else:
+            code = _install(host, env, mode)
+        host.log_install({"event": "end", "pid": os.getpid(), "mode": mode, "exitCode": code})
+    return code
+
+
+def _install(host: FakeHost, env: dict[str, str], mode: str) -> int:
     try:
         if mode == "thunderd":
             install_thunderd(host, env)

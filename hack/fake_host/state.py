@@ -18,6 +18,9 @@ NVIDIA_FILE = "nvidia-smi.json"
 THUNDER_FILE = "thunder.json"
 CALLS_FILE = "calls.log"
 CLIENT_CONFIG_FILE = "client-config.json"
+INSTALLER_FILE = "installer.json"
+INSTALLS_FILE = "installs.log"
+INSTALLER_LOCK_FILE = "installer.lock"
 DEFAULT_DRIVER_VERSION = "610.43.02"
 MASK = "**********"
 
@@ -133,6 +136,29 @@ class FakeHost:
 
     def client_config(self) -> dict[str, Any] | None:
         return self._read(CLIENT_CONFIG_FILE)
+
+    # installer behaviour and record
+
+    def installer_settings(self) -> dict[str, Any]:
+        return self._read(INSTALLER_FILE) or {}
+
+    def set_installer(self, *, delay_seconds: float = 0.0, fail: bool = False) -> None:
+        """``delay_seconds``: how long an install takes (between its start and its effect);
+        ``fail``: the install fails (exit 1) without registering the host."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.root / INSTALLER_FILE, {"delaySeconds": delay_seconds, "fail": fail})
+
+    def log_install(self, entry: dict[str, Any]) -> None:
+        with open(self.root / INSTALLS_FILE, "a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+
+    def installs(self) -> list[dict[str, Any]]:
+        """One ``start`` and one ``end`` line per installer run (``installs.log``)."""
+        try:
+            lines = (self.root / INSTALLS_FILE).read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
 
     # call log
 

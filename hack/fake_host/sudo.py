@@ -1,13 +1,17 @@
 """Fake ``sudo``: the test machine runs as root and may have no sudo at all.
 
 Skips sudo's own options, applies leading ``NAME=value`` words to the environment, then
-execs the rest (``sudo A=1 B=2 sh`` runs ``sh`` with A and B set).
+runs the rest as a child and waits for it (``sudo A=1 B=2 sh`` runs ``sh`` with A and B
+set), as the real sudo does: its own argv, assignments included, stays in the process
+list for as long as the command runs. Every use is recorded in ``calls.log`` (tokens
+masked), so a test can tell that nothing used sudo.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 
 from hack.fake_host.state import STATE_ENV, FakeHost
@@ -30,8 +34,7 @@ def main(argv: list[str]) -> int:
         print("usage: sudo [VAR=value ...] command [args ...]", file=sys.stderr)
         return 1
     try:
-        os.execvpe(words[0], words, env)
+        return subprocess.call(words, env=env)
     except FileNotFoundError:
         print(f"sudo: {words[0]}: command not found", file=sys.stderr)
         return 1
-    return 0

@@ -62,6 +62,12 @@ def image_reference(spec: ThunderClusterSpec) -> str:
 def daemon_command(spec: ThunderClusterSpec) -> list[str]:
     """The agreed daemon command line."""
     daemon = spec.daemon
+    # Pinned artifact digests, only when set (the daemon refuses anything else).
+    pins = []
+    if spec.thunder.installer_sha256:
+        pins += ["--installer-sha256", spec.thunder.installer_sha256]
+    if spec.thunder.library_sha256:
+        pins += ["--library-sha256", spec.thunder.library_sha256]
     return [
         "python",
         "-m",
@@ -94,6 +100,7 @@ def daemon_command(spec: ThunderClusterSpec) -> list[str]:
         "nsenter",
         "--log-level",
         daemon.log_level,
+        *pins,
     ]
 
 

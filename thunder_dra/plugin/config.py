@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from thunder_dra.api.syntax import url_problem
 from thunder_dra.kube import naming
 from thunder_dra.plugin.cdi import NodeGpuFiles
 from thunder_dra.thunder import DEFAULT_API_URL, DEFAULT_ARTIFACT_BASE_URL, Secret
@@ -23,6 +24,7 @@ DEFAULT_TELEMETRY_URL = "https://telemetry.thundercompute.com:2096"
 TOKEN_ENV = "THUNDER_API_TOKEN"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class ConfigError(ValueError):
@@ -82,6 +84,8 @@ class DaemonConfig:
     intervals: Intervals = field(default_factory=Intervals)
     claim_concurrency: int = 20  # claims prepared or unprepared at once, per daemon
     kube_timeout: float = 20.0  # seconds per Kubernetes request
+    installer_sha256: str | None = None
+    library_sha256: str | None = None
 
     # Everything below is a fixed layout under the four directories.
 
@@ -121,6 +125,11 @@ class DaemonConfig:
     def node_enrollment_file(self) -> Path:
         return self.state_dir / "node-enrollment.json"
 
+    @property
+    def enrollment_lock(self) -> Path:
+        """Held while an instance checks, restarts or installs thunderd on this node."""
+        return self.state_dir / "enrollment.lock"
+
 
 def _port_range(value: str) -> tuple[int, int] | None:
     if value in ("", "none"):
@@ -155,6 +164,20 @@ def _url(value: str) -> str:
     return trimmed
 
 
+def _artifact_url(value: str) -> str:
+    trimmed = _url(value)
+    problem = url_problem(trimmed)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{value!r} {problem}")
+    return trimmed
+
+
+def _sha256(value: str) -> str:
+    if not _SHA256.match(value):
+        raise argparse.ArgumentTypeError(f"want 64 lower-case hex digits, got {value!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="thunder-daemon",
@@ -163,7 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--driver-name", default=naming.DRIVER_NAME)
     add("--api-url", type=_url, default=DEFAULT_API_URL, help="Thunder API base URL")
-    add("--artifact-base-url", type=_url, default=DEFAULT_ARTIFACT_BASE_URL)
+    add("--artifact-base-url", type=_artifact_url, default=DEFAULT_ARTIFACT_BASE_URL)
+    add("--installer-sha256", type=_sha256, help="pinned SHA-256 of the Thunder installer")
+    add("--library-sha256", type=_sha256, help="pinned SHA-256 of libthunder.so")
     add("--telemetry-url", type=_url, default=DEFAULT_TELEMETRY_URL)
     add("--plugin-dir-root", type=Path, default=Path("/var/lib/kubelet/plugins"))
     add("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"))
@@ -285,6 +310,8 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonCo
             sweep=args.sweep_interval,
             install_timeout=args.install_timeout,
         ),
+        installer_sha256=args.installer_sha256,
         claim_concurrency=args.claim_concurrency,
         kube_timeout=args.kube_timeout,
+        library_sha256=args.library_sha256,
     )

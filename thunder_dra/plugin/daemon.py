@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -77,11 +76,14 @@ async def read_node(kube: KubeApi, config: DaemonConfig) -> NodeInfo:
 
 
 class Daemon:
-    def __init__(self, config: DaemonConfig, scrubber: SecretScrubber) -> None:
+    def __init__(
+        self, config: DaemonConfig, scrubber: SecretScrubber, crash: CrashPoints | None = None
+    ) -> None:
         self.config = config
         self.scrubber = scrubber
         self.metrics = DaemonMetrics()
-        self.crash = CrashPoints.from_env(os.environ)
+        # Armed only by the test-only entry point (hack.daemon_under_test).
+        self.crash = crash if crash is not None else CrashPoints()
         self._closers: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -180,6 +182,13 @@ class Daemon:
             metrics=self.metrics,
         )
         abandoned: set[str] = set()
+        library = LibraryProvider(
+            fetcher,
+            cache,
+            cfg.installer_url,
+            installer_sha256=cfg.installer_sha256,
+            library_sha256=cfg.library_sha256,
+        )
         deps = PrepareDeps(
             config=cfg,
             kube=kube,
@@ -187,7 +196,7 @@ class Daemon:
             journal=own.journal,
             checkpoint=checkpoint,
             cdi=cdi,
-            library=LibraryProvider(fetcher, cache, cfg.installer_url),
+            library=library,
             records=records,
             undo=undo,
             pools=PoolResolver(kube, cfg.driver_name),
@@ -239,6 +248,7 @@ class Daemon:
                 crash=self.crash,
                 scrubber=self.scrubber,
                 abandoned=abandoned,
+                installer=library.fetch_installer,
             )
             await enroller.load()
         try:

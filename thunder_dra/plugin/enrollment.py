@@ -7,14 +7,26 @@ A background loop, never in the way of kubelet calls:
    time; an enrolled but unhealthy thunderd is restarted with ``thunder up`` (no new
    token), with backoff; not installed, no credential, or still unhealthy after
    :data:`RESTARTS_BEFORE_REINSTALL` restarts means (re)install;
-3. install: journal the mint (role server, purpose node-enrollment), mint a server token
-   (2.6), record its ID, run the installer in the host's namespaces with the token in its
-   environment, and check ``thunder status`` again, because ``curl | sudo sh`` can exit 0
-   after a failed download; then save the new token ID in ``node-enrollment.json``, revoke
-   the enrollment it replaces, close the journal entry. A failure revokes the new token.
+3. install: fetch the installer and verify it (its pinned SHA-256, if any) before
+   anything is minted; journal the mint (role server, purpose node-enrollment), mint a
+   server token (2.6), record its ID, run that very installer text with ``sh -s`` in the
+   host's namespaces (no ``sudo``, no second download) with the token in the process
+   environment only, and check ``thunder status`` again, because an installer can exit 0
+   without enrolling; then save the new token ID in ``node-enrollment.json``, revoke the
+   enrollment it replaces, close the journal entry. A failure revokes the new token.
 
-Failures are retried with jittered exponential backoff and show in logs, in
-``thunder_dra_daemon_enrollment_state`` and in ``/readyz``.
+Each pass (steps 2 and 3) runs under the node's enrollment lock, an exclusive ``flock``
+on ``<state>/enrollment.lock`` shared by every daemon instance on the node (two run
+during a rolling update): one instance at a time checks, restarts or installs, and each
+re-reads ``node-enrollment.json`` after taking the lock, so it acts on what the other
+instance did rather than on what it remembered. So the installer never runs twice at
+once and no instance replaces an enrollment without revoking it. Kubelet calls do not
+take this lock.
+
+Any exception of a pass (Thunder, host commands, files, anything else) is logged, counted
+in ``thunder_dra_daemon_loop_errors_total{loop="node-enrollment"}`` and retried with
+jittered exponential backoff; the state shows in ``thunder_dra_daemon_enrollment_state``
+and in ``/readyz``.
 """
 
 from __future__ import annotations
@@ -22,12 +34,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Awaitable, Callable
 
 from thunder_dra.plugin.config import DaemonConfig
 from thunder_dra.plugin.crashpoints import CrashPoints
-from thunder_dra.plugin.guest import host_install_command, host_install_env, host_restart_command
+from thunder_dra.plugin.guest import HOST_INSTALL_COMMAND, host_install_env, host_restart_command
 from thunder_dra.plugin.hostrunner import HostCommandError, HostRunner
 from thunder_dra.plugin.journal import JournalEntryNotFound, MintJournal, MintPurpose, MintRole
+from thunder_dra.plugin.libcache import LibraryCacheError
+from thunder_dra.plugin.locks import NodeSerializeLock
 from thunder_dra.plugin.logs import SecretScrubber
 from thunder_dra.plugin.metrics import DaemonMetrics, EnrollmentState
 from thunder_dra.plugin.node import NodeInfo
@@ -38,12 +53,13 @@ from thunder_dra.plugin.thunderd import (
     ThunderdStatus,
     read_status,
 )
-from thunder_dra.thunder import Secret, ThunderClient, ThunderError, scrub
+from thunder_dra.thunder import InstallerPins, Secret, ThunderClient, ThunderError, scrub
 
 RESTARTS_BEFORE_REINSTALL = 3
 SETTLE_POLL = 1.0
 SETTLE_TIMEOUT = 60.0
 INITIAL_BACKOFF = 1.0
+LOOP_NAME = "node-enrollment"
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +87,7 @@ class NodeEnroller:
         crash: CrashPoints,
         scrubber: SecretScrubber,
         abandoned: set[str],
+        installer: Callable[[], Awaitable[InstallerPins]],
     ) -> None:
         self._config = config
         self._node = node
@@ -82,7 +99,9 @@ class NodeEnroller:
         self._crash = crash
         self._scrubber = scrubber
         self._abandoned = abandoned
+        self._installer = installer
         self._file = NodeEnrollmentFile(config.node_enrollment_file)
+        self._lock = NodeSerializeLock(config.enrollment_lock, self.load)
         self._state: NodeEnrollmentState | None = None
         self._zone_id: str | None = None
         self._failed_restarts = 0
@@ -91,11 +110,17 @@ class NodeEnroller:
         self.ready = False
         self.last_error: str | None = None
         undo.node = NodeEnrollmentView(
-            current_token_id=self._current_token_id, on_rolled_back=self._reinstall_needed
+            current_token_id=self._recorded_token_id, on_rolled_back=self._reinstall_needed
         )
 
     def _current_token_id(self) -> str | None:
         return self._state.enrollment_token_id if self._state else None
+
+    def _recorded_token_id(self) -> str | None:
+        # Rollback asks outside the enrollment lock (for a dead instance's journal too),
+        # and another instance may have enrolled since this one last looked: the file says.
+        state = self._file.peek()
+        return state.enrollment_token_id if state else self._current_token_id()
 
     def _reinstall_needed(self) -> None:
         # The rolled-back token may be the one the host's thunderd runs with: whatever
@@ -108,7 +133,8 @@ class NodeEnroller:
         return self._node.zone
 
     async def load(self) -> None:
-        """Read ``node-enrollment.json`` (before journal rollback, which consults it)."""
+        """Read ``node-enrollment.json`` (at start-up before journal rollback, which consults
+        it, and whenever the enrollment lock is taken)."""
         self._state = await self._file.load()
 
     async def run(self) -> None:
@@ -119,10 +145,17 @@ class NodeEnroller:
                 await self.converge()
             except Exception as err:
                 expected = isinstance(
-                    err, EnrollmentError | ThunderError | HostCommandError | OSError | ValueError
+                    err,
+                    EnrollmentError
+                    | ThunderError
+                    | HostCommandError
+                    | LibraryCacheError
+                    | OSError
+                    | ValueError,
                 )
                 self.ready = False
                 self.last_error = str(err)
+                self._metrics.loop_errors.labels(LOOP_NAME).inc()
                 self._metrics.set_enrollment(EnrollmentState.FAILED)
                 wait = self._rng.uniform(backoff / 2, backoff)
                 log.error(
@@ -140,6 +173,10 @@ class NodeEnroller:
         if self._zone_id is None:
             self._zone_id = await self._thunder.ensure_zone(self._zone)
             log.info("thunder zone ensured", extra={"zone": self._zone, "zone_id": self._zone_id})
+        async with self._lock.held():
+            await self._converge_locked()
+
+    async def _converge_locked(self) -> None:
         await self._finish_replacement()
         status = await self._settled_status()
         self._metrics.thunderd_healthy.set(1 if status.healthy else 0)
@@ -175,10 +212,10 @@ class NodeEnroller:
     async def _restart(self, status: ThunderdStatus) -> None:
         log.warning("thunderd is unhealthy; restarting it", extra={"detail": status.detail})
         ip = self._node.advertised_ip or ""
-        command = host_restart_command(
+        command, env = host_restart_command(
             advertised_ip=ip, zone_name=self._zone, node_name=self._node.name
         )
-        result = await self._runner.run(command, timeout=120.0)
+        result = await self._runner.run(command, env=env, timeout=120.0)
         after = await self._settled_status()
         self._metrics.thunderd_healthy.set(1 if after.healthy else 0)
         if result.ok and after.healthy:
@@ -213,6 +250,12 @@ class NodeEnroller:
             "enrolling the node with Thunder",
             extra={"zone": self._zone, "thunderd": status.detail, "forced": self._force_reinstall},
         )
+        # Fetched and verified before anything is minted: a refused installer costs no token.
+        try:
+            installer = await self._installer()
+        except (ThunderError, LibraryCacheError) as err:
+            self._metrics.enrollment_attempts.labels("failure").inc()
+            raise EnrollmentError(f"the Thunder installer was refused: {err}") from None
         entry = await self._journal.begin(role=MintRole.SERVER, purpose=MintPurpose.NODE_ENROLLMENT)
         self._crash.reached("enroll:journal-begun")
         try:
@@ -226,7 +269,7 @@ class NodeEnroller:
         try:
             await self._journal.record_token_id(entry.entry_id, token_id)
             self._crash.reached("enroll:token-recorded")
-            await self._run_installer(minted.enrollment_token)
+            await self._run_installer(minted.enrollment_token, installer)
         except Exception:
             await self._roll_back(entry.entry_id)
             raise
@@ -260,19 +303,23 @@ class NodeEnroller:
                 extra={"entry": entry_id, "error": str(err)},
             )
 
-    async def _run_installer(self, token: Secret) -> None:
-        ip = self._node.advertised_ip or ""
-        command = host_install_command(
-            install_url=self._config.installer_url,
+    async def _run_installer(self, token: Secret, installer: InstallerPins) -> None:
+        env = host_install_env(
+            server_token=token.reveal(),
             api_url=self._config.api_url,
-            advertised_ip=ip,
+            advertised_ip=self._node.advertised_ip or "",
             zone_name=self._zone,
             node_name=self._node.name,
             port_range=self._config.thunderd_port_range,
         )
+        log.info(
+            "running the Thunder installer",
+            extra={"installer": installer.installer_url, "sha256": installer.installer_sha256},
+        )
         result = await self._runner.run(
-            command,
-            env=host_install_env(token.reveal()),
+            list(HOST_INSTALL_COMMAND),
+            env=env,
+            input=installer.script,
             timeout=self._config.intervals.install_timeout,
         )
         self._crash.reached("enroll:installed")

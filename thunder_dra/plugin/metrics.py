@@ -124,6 +124,13 @@ class DaemonMetrics:
             ["outcome"],
             registry=r,
         )
+        self.loop_errors = Counter(
+            "thunder_dra_daemon_loop_errors",
+            "Failed passes of a background loop (retried with backoff), by loop"
+            " (node-enrollment: enrollment and the thunderd watch; journal-sweep).",
+            ["loop"],
+            registry=r,
+        )
         self.thunder = metrics_for(r)
         self.set_enrollment(EnrollmentState.PENDING)
 

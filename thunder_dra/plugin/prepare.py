@@ -317,7 +317,9 @@ class Preparer:
                     token=minted.enrollment_token,
                     token_id=token_id,
                     script=guest_install_script(
-                        api_url=d.config.api_url, install_url=d.config.installer_url
+                        api_url=d.config.api_url,
+                        install_url=d.config.installer_url,
+                        installer_sha256=d.config.installer_sha256,
                     ),
                 )
                 d.crash.reached("prepare:secret-written")

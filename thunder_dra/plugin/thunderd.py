@@ -132,6 +132,14 @@ class NodeEnrollmentFile:
             await fsutil.move_aside_async(self.path)
             return None
 
+    def peek(self) -> NodeEnrollmentState | None:
+        """The recorded state, read now (a few hundred bytes); None if absent or unreadable.
+        Unlike :meth:`load` it never moves a bad file aside."""
+        try:
+            return NodeEnrollmentState.model_validate_json(self.path.read_bytes())
+        except (OSError, ValidationError):
+            return None
+
     async def save(self, state: NodeEnrollmentState) -> None:
         content = state.model_dump_json(by_alias=True, indent=2) + "\n"
         await fsutil.write_atomic_async(self.path, content, mode=0o600)

@@ -122,11 +122,30 @@ def test_a_failed_install_is_retried_and_never_leaks_a_server_token(
     daemon = serving.daemon
     earlier = {t["enrollmentTokenId"] for t in fake.admin.tokens()}
     writes_before = len(fake.admin.writes())
-    # The installer download fails (curl | sh exits 0 on an empty script): the status
-    # check catches it, the minted token is revoked, and the daemon tries again.
+    # The installer cannot be downloaded: it is fetched before anything is minted, so the
+    # failed attempts cost no token at all.
     fake.admin.set_switches(installerStatus=503)
     try:
         daemon.start().wait_serving()
+        wait_for(
+            lambda: "installer was refused" in daemon.http("/readyz")[1], "the download failure"
+        )
+        wait_for(
+            lambda: (
+                daemon.metrics().get(
+                    'thunder_dra_daemon_loop_errors_total{loop="node-enrollment"}', 0
+                )
+                >= 2
+            ),
+            "retried passes",
+        )
+        assert mints(fake, writes_before, role="server") == []
+    finally:
+        fake.admin.set_switches(installerStatus=200)
+    # The installer itself fails after the mint: the minted token is revoked, and the
+    # daemon tries again.
+    daemon.host.set_installer(fail=True)
+    try:
         wait_for(lambda: len(mints(fake, writes_before, role="server")) >= 2, "retried enrollments")
         status, body = daemon.http("/readyz")
         assert status == 503
@@ -144,7 +163,7 @@ def test_a_failed_install_is_retried_and_never_leaks_a_server_token(
         assert len(server_tokens) >= 2
         assert {t["state"] for t in server_tokens[:-1]} == {"revoked"}
     finally:
-        fake.admin.set_switches(installerStatus=200)
+        daemon.host.set_installer(fail=False)
     wait_for(lambda: daemon.http("/readyz")[0] == 200, "enrolled once the installer is back")
     assert len(_hosts_of(fake, serving.name)) == 1
     assert fake.admin.leaks() == []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from thunder_dra.plugin import guest
-from thunder_dra.plugin.hostrunner import LocalRunner
+from thunder_dra.plugin.hostrunner import CommandResult, LocalRunner
 
 TOKEN = "tr_client_token_AbC123"
 NASTY = 'it\'s a "zone" with $HOME `id` \\ and\nnewline'
@@ -32,19 +32,23 @@ def test_shell_quote_uses_the_contract_escape() -> None:
 
 @pytest.fixture
 def fake_host(tmp_path: Path) -> tuple[LocalRunner, Path]:
-    """curl prints an installer; sudo records its arguments and runs the rest as root would."""
+    """curl writes an installer that records its environment; sudo records any use."""
     logs = tmp_path / "logs"
     logs.mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    installer = (
+        f'printf "%s\\n" "$THUNDER_INSTALL_MODE" "$THUNDER_CENTRAL_URL" '
+        f'"$THUNDER_ENROLLMENT_TOKEN" > {logs}/installer.env\n'
+        "echo installer-ran\n"
+    )
     scripts = {
-        "curl": f"printf '%s\\0' \"$@\" > {logs}/curl.args\necho 'echo installer-ran'\n",
-        "sudo": (
-            f"printf '%s\\0' \"$@\" > {logs}/sudo.args\n"
-            f"env > {logs}/sudo.env\n"
-            'while [ "${1#*=}" != "$1" ]; do export "$1"; shift; done\n'
-            'exec "$@"\n'
+        "curl": (
+            f"printf '%s\\0' \"$@\" > {logs}/curl.args\n"
+            'while [ "$#" -gt 0 ]; do [ "$1" = -o ] && out="$2"; shift; done\n'
+            f"cat > \"$out\" <<'EOF'\n{installer}EOF\n"
         ),
+        "sudo": f"printf '%s\\0' \"$@\" > {logs}/sudo.args\nexit 1\n",
     }
     for name, body in scripts.items():
         path = bin_dir / name
@@ -61,31 +65,52 @@ API = "https://api.example/it's/"
 INSTALL = "https://get.example/install.sh?v='1'"
 
 
-async def test_guest_script_installs_with_the_token_from_the_file(
+async def _run_guest(
+    tmp_path: Path, runner: LocalRunner, script: str, token: str | None = TOKEN
+) -> tuple[Path, CommandResult]:
+    script_path = tmp_path / guest.GUEST_SCRIPT_KEY
+    script_path.write_text(script)
+    token_file = tmp_path / "enrollment-token"
+    if token is not None:
+        token_file.write_text(token)
+    result = await runner.run(
+        ["bash", str(script_path)], env={"THUNDER_ENROLLMENT_TOKEN_FILE": str(token_file)}
+    )
+    return script_path, result
+
+
+async def test_guest_script_installs_with_the_token_from_the_file_and_no_sudo(
     tmp_path: Path, fake_host: tuple[LocalRunner, Path]
 ) -> None:
     runner, logs = fake_host
     script = guest.guest_install_script(api_url=API, install_url=INSTALL)
     assert TOKEN not in script
-    script_path = tmp_path / guest.GUEST_SCRIPT_KEY
-    script_path.write_text(script)
-    token_file = tmp_path / "enrollment-token"
-    token_file.write_text(TOKEN + "\n")
-
-    result = await runner.run(
-        ["bash", str(script_path)], env={"THUNDER_ENROLLMENT_TOKEN_FILE": str(token_file)}
-    )
+    assert "sudo" not in script
+    _, result = await _run_guest(tmp_path, runner, script, TOKEN + "\n")
     assert result.ok, result.stderr
     assert result.stdout == "installer-ran\n"
-    assert _args(logs / "curl.args") == ["-fsSL", INSTALL]
-    assert _args(logs / "sudo.args") == [
-        "THUNDER_INSTALL_MODE=client",
-        "THUNDER_NOWARN=1",
-        "THUNDER_CENTRAL_URL=https://api.example/it's",
-        f"THUNDER_ENROLLMENT_TOKEN={TOKEN}",
-        "sh",
+    [url, flag, _target] = _args(logs / "curl.args")[1:]
+    assert (url, flag) == (INSTALL, "-o")
+    assert not (logs / "sudo.args").exists()
+    assert (logs / "installer.env").read_text().splitlines() == [
+        "client",
+        "https://api.example/it's",
+        TOKEN,
     ]
-    assert f"THUNDER_ENROLLMENT_TOKEN={TOKEN}" in (logs / "sudo.env").read_text()  # exported
+
+
+async def test_guest_script_refuses_an_installer_with_another_digest(
+    tmp_path: Path, fake_host: tuple[LocalRunner, Path]
+) -> None:
+    runner, logs = fake_host
+    pin = "0" * 64
+    script = guest.guest_install_script(api_url=API, install_url=INSTALL, installer_sha256=pin)
+    _, result = await _run_guest(tmp_path, runner, script)
+    assert result.returncode == 1
+    assert f"not the pinned {pin}; refused" in result.stderr
+    assert not (logs / "installer.env").exists()
+    with pytest.raises(guest.InstallCommandError, match="SHA-256"):
+        guest.guest_install_script(api_url=API, install_url=INSTALL, installer_sha256="abc")
 
 
 @pytest.mark.parametrize("content", [None, "", " \n"])
@@ -93,14 +118,8 @@ async def test_guest_script_fails_without_a_token(
     tmp_path: Path, fake_host: tuple[LocalRunner, Path], content: str | None
 ) -> None:
     runner, logs = fake_host
-    script_path = tmp_path / "install.sh"
-    script_path.write_text(guest.guest_install_script(api_url=API, install_url=INSTALL))
-    token_file = tmp_path / "enrollment-token"
-    if content is not None:
-        token_file.write_text(content)
-    result = await runner.run(
-        ["bash", str(script_path)], env={"THUNDER_ENROLLMENT_TOKEN_FILE": str(token_file)}
-    )
+    script = guest.guest_install_script(api_url=API, install_url=INSTALL)
+    _, result = await _run_guest(tmp_path, runner, script, content)
     assert result.returncode == 1
     assert "no enrollment token" in result.stderr
     assert not (logs / "curl.args").exists()
@@ -113,107 +132,79 @@ def test_guest_script_defaults_to_the_mounted_secret() -> None:
     assert "set -x" not in script
     if shutil.which("bash"):
         subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+        pinned = guest.guest_install_script(
+            api_url=API, install_url=INSTALL, installer_sha256="a" * 64
+        )
+        subprocess.run(["bash", "-n"], input=pinned, text=True, check=True)
 
 
-def test_host_install_command_shape() -> None:
-    command = guest.host_install_command(
-        install_url="https://get.thundercompute.com/install.sh",
-        api_url="https://registry.thundercompute.com/",
-        advertised_ip="10.0.0.7",
-        zone_name="us-east",
-        node_name="node-1",
-        port_range=(32000, 32199),
-    )
-    assert command == (
-        "curl -fsSL 'https://get.thundercompute.com/install.sh' | sudo THUNDERD_TRANSIENT=1 "
-        "THUNDER_INSTALL_MODE=thunderd THUNDER_CENTRAL_URL='https://registry.thundercompute.com' "
-        'THUNDER_ENROLLMENT_TOKEN="${THUNDER_ENROLLMENT_TOKEN:?the server enrollment token is '
-        "not set}\" THUNDERD_IP='10.0.0.7' THUNDER_ZONE='us-east' THUNDERD_NODE_NAME='node-1' "
-        "THUNDERD_PORT_RANGE='32000-32199' sh"
-    )
+def _env(**changes: object) -> dict[str, str]:
+    settings: dict[str, object] = {
+        "server_token": TOKEN,
+        "api_url": "https://registry.thundercompute.com/",
+        "advertised_ip": "10.0.0.7",
+        "zone_name": "us-east",
+        "node_name": "node-1",
+        "port_range": (32000, 32199),
+    }
+    settings.update(changes)
+    return guest.host_install_env(**settings)  # type: ignore[arg-type]
 
 
-async def test_host_install_runs_with_the_token_from_env(
+def test_host_install_env_holds_the_contract_variables() -> None:
+    assert guest.HOST_INSTALL_COMMAND == ("sh", "-s")
+    assert TOKEN not in " ".join(guest.HOST_INSTALL_COMMAND)
+    assert _env() == {
+        "THUNDERD_TRANSIENT": "1",
+        "THUNDER_INSTALL_MODE": "thunderd",
+        "THUNDER_CENTRAL_URL": "https://registry.thundercompute.com",
+        "THUNDER_ENROLLMENT_TOKEN": TOKEN,
+        "THUNDERD_IP": "10.0.0.7",
+        "THUNDER_ZONE": "us-east",
+        "THUNDERD_NODE_NAME": "node-1",
+        "THUNDERD_PORT_RANGE": "32000-32199",
+    }
+    assert "THUNDERD_PORT_RANGE" not in _env(port_range=None)
+
+
+async def test_host_install_runs_the_given_text_with_the_token_in_env_only(
     fake_host: tuple[LocalRunner, Path],
 ) -> None:
-    runner, logs = fake_host
-    command = guest.host_install_command(
-        install_url=INSTALL,
-        api_url=API,
-        advertised_ip="fd00::7",
-        zone_name=NASTY,
-        node_name="node-1",
+    runner, _ = fake_host
+    text = (
+        'printf "%s|%s|%s\\n" "$THUNDER_ENROLLMENT_TOKEN" "$THUNDER_ZONE" "$THUNDERD_IP"\n'
+        "tr '\\0' ' ' < /proc/$$/cmdline\n"
     )
-    assert TOKEN not in command
-    result = await runner.run(command, env=guest.host_install_env(TOKEN))
+    env = _env(zone_name=NASTY, advertised_ip="fd00::7")
+    result = await runner.run(list(guest.HOST_INSTALL_COMMAND), env=env, input=text)
     assert result.ok, result.stderr
-    assert _args(logs / "sudo.args") == [
-        "THUNDERD_TRANSIENT=1",
-        "THUNDER_INSTALL_MODE=thunderd",
-        "THUNDER_CENTRAL_URL=https://api.example/it's",
-        f"THUNDER_ENROLLMENT_TOKEN={TOKEN}",
-        "THUNDERD_IP=fd00::7",
-        f"THUNDER_ZONE={NASTY}",
-        "THUNDERD_NODE_NAME=node-1",
-        "sh",
-    ]
-
-
-async def test_host_install_refuses_to_run_without_the_token(
-    fake_host: tuple[LocalRunner, Path],
-) -> None:
-    runner, logs = fake_host
-    command = guest.host_install_command(
-        install_url=INSTALL, api_url=API, advertised_ip="10.0.0.7", zone_name="z", node_name="n"
-    )
-    result = await runner.run(command, env={"THUNDER_ENROLLMENT_TOKEN": ""})
-    assert not result.ok
-    assert "the server enrollment token is not set" in result.stderr
-    assert not (logs / "sudo.args").exists()
-
-
-def _host_command(
-    advertised_ip: str = "10.0.0.7",
-    zone_name: str = "z",
-    port_range: tuple[int, int] | None = None,
-) -> str:
-    return guest.host_install_command(
-        install_url=INSTALL,
-        api_url=API,
-        advertised_ip=advertised_ip,
-        zone_name=zone_name,
-        node_name="n",
-        port_range=port_range,
-    )
+    assert result.stdout.startswith(f"{TOKEN}|{NASTY}|fd00::7\n")
+    cmdline = result.stdout.rsplit("\n", 1)[1]
+    assert cmdline == "sh -s "
+    assert TOKEN not in cmdline
 
 
 def test_host_install_validates_its_inputs() -> None:
     with pytest.raises(guest.InstallCommandError, match="not an IP"):
-        _host_command(advertised_ip="10.0.0.7; rm -rf /")
+        _env(advertised_ip="10.0.0.7; rm -rf /")
     with pytest.raises(guest.InstallCommandError, match="port range"):
-        _host_command(port_range=(32199, 32000))
+        _env(port_range=(32199, 32000))
     with pytest.raises(guest.InstallCommandError, match="port range"):
-        _host_command(port_range=(0, 10))
+        _env(port_range=(0, 10))
     with pytest.raises(guest.InstallCommandError, match="zone name"):
-        _host_command(zone_name="")
-    with pytest.raises(guest.InstallCommandError):
-        guest.host_install_env("")
+        _env(zone_name="")
+    with pytest.raises(guest.InstallCommandError, match="server enrollment token"):
+        _env(server_token="")
 
 
-def test_host_restart_command_round_trips(tmp_path: Path) -> None:
-    command = guest.host_restart_command(advertised_ip="10.0.0.7", zone_name=NASTY, node_name="n")
-    assert command.startswith("THUNDERD_TRANSIENT=1 thunder up --ip '10.0.0.7' --zone ")
+async def test_host_restart_command_is_argv_and_env(tmp_path: Path) -> None:
+    argv, env = guest.host_restart_command(advertised_ip="10.0.0.7", zone_name=NASTY, node_name="n")
+    assert env == {"THUNDERD_TRANSIENT": "1"}
     fake = tmp_path / "thunder"
     fake.write_text('#!/bin/sh\nprintf "%s\\0" "$THUNDERD_TRANSIENT" "$@"\n')
     fake.chmod(0o755)
-    out = subprocess.run(
-        ["sh", "-c", command],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
-    )
-    assert out.stdout.split("\0")[:-1] == [
+    result = await LocalRunner(path_prefix=[tmp_path]).run(argv, env=env)
+    assert result.stdout.split("\0")[:-1] == [
         "1",
         "up",
         "--ip",
