@@ -31,6 +31,7 @@ import kopf
 from prometheus_client import CollectorRegistry
 
 from thunder_dra.api.constants import CLIENT_PLURAL, GROUP, THUNDER_CLUSTER_PLURAL, VERSION
+from thunder_dra.controllers.admissionpolicy import apply_policies, operator_identity
 from thunder_dra.controllers.events import EventRecorder
 from thunder_dra.controllers.health import HealthServer
 from thunder_dra.controllers.inventory import InventoryReconciler
@@ -269,6 +270,15 @@ class Operator:
         await health.start()
         try:
             await self.ensure_peering_object()
+            if self.options.apply_admission_policies:
+                await apply_policies(
+                    self.kube,
+                    operator_identity(
+                        self.options.namespace,
+                        self.options.daemon_service_account,
+                        self.options.operator_service_account,
+                    ),
+                )
             await kopf.operator(
                 registry=self.build_registry(),
                 settings=self.build_settings(),

@@ -27,6 +27,7 @@ from thunder_dra.api.duration import parse_duration
 DEFAULT_NAMESPACE: Final = "thunder-system"
 DEFAULT_PEERING_NAME: Final = "thunder-dra-operator"
 DEFAULT_DAEMON_SERVICE_ACCOUNT: Final = "thunder-dra-daemon"
+DEFAULT_OPERATOR_SERVICE_ACCOUNT: Final = "thunder-dra-operator"
 DEFAULT_HEALTH_PORT: Final = 8081
 DEFAULT_METRICS_PORT: Final = 8080
 CERT_FILE_IN_DIR: Final = "tls.crt"
@@ -49,6 +50,9 @@ class OperatorOptions:
     peering_priority: int = 0
     peering_lifetime: int = 60
     daemon_service_account: str = DEFAULT_DAEMON_SERVICE_ACCOUNT
+    operator_service_account: str = DEFAULT_OPERATOR_SERVICE_ACCOUNT
+    apply_admission_policies: bool = False
+    """Create the driver's admission policies at start-up (installs that cannot ship them)."""
     health_host: str = "0.0.0.0"  # noqa: S104 - probes come from the kubelet over the pod IP
     health_port: int = DEFAULT_HEALTH_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
@@ -169,6 +173,21 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="ServiceAccount of the daemon pods (env THUNDER_DAEMON_SERVICE_ACCOUNT)",
     )
     parser.add_argument(
+        "--operator-service-account",
+        default=_env(
+            env, "THUNDER_OPERATOR_SERVICE_ACCOUNT", default=DEFAULT_OPERATOR_SERVICE_ACCOUNT
+        ),
+        help="this operator's own ServiceAccount, named in the admission policies "
+        "(env THUNDER_OPERATOR_SERVICE_ACCOUNT)",
+    )
+    parser.add_argument(
+        "--apply-admission-policies",
+        action="store_true",
+        default=_env(env, "THUNDER_APPLY_ADMISSION_POLICIES") in ("1", "true"),
+        help="create or update the driver's ValidatingAdmissionPolicies at start-up, for "
+        "installs that cannot ship them such as OLM (env THUNDER_APPLY_ADMISSION_POLICIES=1)",
+    )
+    parser.add_argument(
         "--health-port",
         type=_port,
         default=_port(_env(env, "THUNDER_HEALTH_PORT", default=str(DEFAULT_HEALTH_PORT))),
@@ -280,6 +299,8 @@ def parse_options(
         peering_priority=args.peering_priority or default_priority(),
         peering_lifetime=args.peering_lifetime,
         daemon_service_account=args.daemon_service_account,
+        operator_service_account=args.operator_service_account,
+        apply_admission_policies=args.apply_admission_policies,
         health_host=args.health_host,
         health_port=args.health_port,
         metrics_port=args.metrics_port,
