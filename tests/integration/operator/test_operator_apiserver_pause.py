@@ -71,7 +71,7 @@ def test_the_loops_survive_a_paused_apiserver(env: OperatorEnv) -> None:
         "a reaper pass before the pause",
     )
 
-    apiserver = env.cluster.pids()["kube-apiserver"]
+    apiserver = env.cluster.pids["kube-apiserver"]
     during = env.zone("during")
     os.kill(apiserver, signal.SIGSTOP)
     try:
