@@ -16,5 +16,5 @@ responsibility:
   journal), ``libcache`` and ``library`` (the libthunder cache), ``clientconfig`` (a
   claim's ``config.json``), ``guest`` (install commands and the KubeVirt guest script),
   ``hostrunner`` (commands in the host's namespaces), ``locks``, ``crashpoints`` (a
-  test hook, inert unless ``THUNDER_DRA_CRASH_AT`` is set).
+  test hook, armed only by the test-only entry point ``hack.daemon_under_test``).
 """

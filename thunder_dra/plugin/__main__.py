@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from thunder_dra.plugin.config import ConfigError, parse_config
+from thunder_dra.plugin.crashpoints import CrashPoints
 from thunder_dra.plugin.daemon import Daemon, StartupError
 from thunder_dra.plugin.logs import configure_logging
 from thunder_dra.plugin.node import NodeSetupError
@@ -20,7 +21,8 @@ from thunder_dra.plugin.node import NodeSetupError
 log = logging.getLogger("thunder_dra.plugin")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, crash: CrashPoints | None = None) -> int:
+    """Run the daemon; `crash` is for the test-only entry point (hack.daemon_under_test)."""
     try:
         config = parse_config(argv, os.environ)
     except ConfigError as err:
@@ -29,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     scrubber = configure_logging(config.log_level, config.log_format)
     scrubber.add(config.api_token)
     try:
-        asyncio.run(Daemon(config, scrubber).run())
+        asyncio.run(Daemon(config, scrubber, crash).run())
     except (NodeSetupError, StartupError, ValueError) as err:
         log.error("daemon cannot start", extra={"error": str(err)})
         print(f"thunder-daemon: {scrubber.scrub(str(err))}", file=sys.stderr)

@@ -1,13 +1,16 @@
 """A test hook: make the daemon die at a named step, as a SIGKILL or power loss would.
 
-``THUNDER_DRA_CRASH_AT=<step>`` makes the process call ``os._exit(137)`` right after
-that step's durable effect (a journal write, a Thunder call, a file, a Kubernetes
-write), so the crash-safety tests can stop the daemon at every step of prepare and
-unprepare and check that a restart converges without leaking an enrollment.
+An armed :class:`CrashPoints` makes the process call ``os._exit(137)`` right after a
+step's durable effect (a journal write, a Thunder call, a file, a Kubernetes write), so
+the crash-safety tests can stop the daemon at every step of prepare and unprepare and
+check that a restart converges without leaking an enrollment.
 
-Inert unless the variable is set: :meth:`CrashPoints.reached` is then a dictionary
-miss. A step name the daemon does not know is refused at start-up, so a typo in a test
-cannot silently disarm it. ``<step>@<n>`` crashes on the n-th time the step is reached.
+Only the test-only entry point ``python -m hack.daemon_under_test --crash-at <step>``
+arms one; the production entry point (``thunder-daemon``) never does, and nothing is
+read from the environment, so no ThunderCluster (``extraEnv``), chart value or variable
+can switch it on, and the images (which ship ``thunder_dra`` only) cannot run it at all.
+A step name the daemon does not know is refused, so a typo in a test cannot silently
+disarm it. ``<step>@<n>`` crashes on the n-th time the step is reached.
 """
 
 from __future__ import annotations
@@ -15,9 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
 
-CRASH_ENV = "THUNDER_DRA_CRASH_AT"
 CRASH_EXIT_CODE = 137
 
 PREPARE_STEPS = (
@@ -59,15 +60,14 @@ class CrashPoints:
         self._left = occurrence
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> CrashPoints:
-        spec = env.get(CRASH_ENV, "").strip()
-        if not spec:
-            return cls()
+    def parse(cls, spec: str) -> CrashPoints:
+        """``<step>`` or ``<step>@<n>``; raises ValueError naming the problem."""
+        spec = spec.strip()
         step, _, count = spec.partition("@")
         if step not in ALL_STEPS:
-            raise ValueError(f"{CRASH_ENV}={spec!r}: unknown step; known: {sorted(ALL_STEPS)}")
+            raise ValueError(f"crash point {spec!r}: unknown step; known: {sorted(ALL_STEPS)}")
         if count and (not count.isdigit() or int(count) < 1):
-            raise ValueError(f"{CRASH_ENV}={spec!r}: the occurrence after @ must be >= 1")
+            raise ValueError(f"crash point {spec!r}: the occurrence after @ must be >= 1")
         log.warning("test crash hook armed", extra={"crash_at": step, "occurrence": count or "1"})
         return cls(step, int(count or 1))
 

@@ -218,11 +218,14 @@ class DaemonProcess:
             "THUNDER_API_TOKEN": API_TOKEN,
             "KUBECONFIG": str(self.kubeconfig),
         }
+        command = self.args()
         if crash_at:
-            env["THUNDER_DRA_CRASH_AT"] = crash_at
+            # Crash points exist only behind the test-only entry point.
+            command = [sys.executable, "-m", "hack.daemon_under_test", "--crash-at", crash_at]
+            command += self.args()[3:]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                self.args(),
+                command,
                 cwd=REPO,
                 env=env,
                 stdout=log,

@@ -1,6 +1,7 @@
 """Crash safety: the daemon killed right after each step of prepare, unprepare and node
-enrollment (``THUNDER_DRA_CRASH_AT``: ``os._exit(137)``, as abrupt as SIGKILL), then
-restarted, converges with zero leaked enrollments by the fake service's audit."""
+enrollment (``python -m hack.daemon_under_test --crash-at``: ``os._exit(137)``, as abrupt
+as SIGKILL), then restarted, converges with zero leaked enrollments by the fake service's
+audit."""
 
 from __future__ import annotations
 

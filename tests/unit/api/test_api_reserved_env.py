@@ -18,11 +18,9 @@ from pydantic import ValidationError
 from thunder_dra.api.crdgen import THUNDER_CLUSTER_CRD, openapi_schema
 from thunder_dra.api.thundercluster import ThunderClusterSpec
 from thunder_dra.api.workload import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
-from thunder_dra.plugin.crashpoints import CRASH_ENV
 from thunder_dra.webhooks.validation import validate_thundercluster
 
 REFUSED = [
-    CRASH_ENV,
     "THUNDER_DRA_CRASH_AT",
     "THUNDER_DRA_ANYTHING",
     "THUNDER_API_TOKEN",
