@@ -11,11 +11,12 @@ import sys
 from collections.abc import Sequence
 
 from thunder_dra.controllers.logsetup import configure_logging
-from thunder_dra.controllers.options import parse_options
+from thunder_dra.controllers.options import OperatorOptions, parse_options
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    options = parse_options(argv)
+def main(argv: Sequence[str] | None = None, *, options: OperatorOptions | None = None) -> None:
+    """Run the operator; `options` replaces parsing (the test-only entry point's way in)."""
+    options = options if options is not None else parse_options(argv)
     configure_logging(options.log_level, options.log_format)
     # Imported after logging is set up: kopf and the client log while importing.
     from thunder_dra.controllers.operator import run_operator

@@ -5,9 +5,9 @@ without a command line; a flag given on the command line wins. The Helm chart se
 the `THUNDER_*` variables named below, so both spellings of the namespace variable
 are read (`THUNDER_DRA_NAMESPACE` first, then `THUNDER_NAMESPACE`).
 
-One flag exists for tests only and is hidden from `--help`:
-`--orphan-grace-period-override` replaces `spec.operator.orphanGracePeriod` (whose
-validated minimum of 30s would make reaper tests slow). docs/operator.md documents it.
+No flag or variable is for tests: the tests' short reaper grace period
+(`orphan_grace_period_override`) is set only by the test-only entry point
+`hack.operator_under_test`, which the images do not ship.
 """
 
 from __future__ import annotations
@@ -262,9 +262,6 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="read timeout of one Kubernetes API request; a loop whose request times out "
         "retries with backoff (env THUNDER_KUBE_REQUEST_TIMEOUT; default 60s)",
     )
-    parser.add_argument(
-        "--orphan-grace-period-override", type=_duration, default=None, help=argparse.SUPPRESS
-    )
     return parser
 
 
@@ -315,5 +312,4 @@ def parse_options(
         log_format=args.log_format,
         write_concurrency=args.write_concurrency,
         kube_request_timeout=args.kube_request_timeout,
-        orphan_grace_period_override=args.orphan_grace_period_override,
     )

@@ -75,7 +75,7 @@ class OperatorProcess:
         command = [
             sys.executable,
             "-m",
-            "thunder_dra.controllers",
+            "hack.operator_under_test",
             "--health-port",
             str(self.health_port),
             "--metrics-port",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hack import operator_under_test
 from thunder_dra.controllers.options import default_priority, parse_options
 
 
@@ -52,9 +53,16 @@ def test_thunder_dra_namespace_wins_and_flags_win_over_the_environment() -> None
     assert parse_options(["--namespace", "c"], environ=environ).namespace == "c"
 
 
-def test_test_only_grace_override() -> None:
-    options = parse_options(["--orphan-grace-period-override", "4s"], environ={})
+def test_the_grace_override_is_not_a_production_flag() -> None:
+    with pytest.raises(SystemExit):
+        parse_options(["--orphan-grace-period-override", "4s"], environ={})
+    assert parse_options([], environ={}).orphan_grace_period_override is None
+
+
+def test_the_test_entry_point_sets_the_grace_override() -> None:
+    options = operator_under_test.parse(["--orphan-grace-period-override", "4s", "--standalone"])
     assert options.orphan_grace_period_override == timedelta(seconds=4)
+    assert options.standalone
 
 
 def test_standalone_and_peering_exclude_each_other() -> None:
