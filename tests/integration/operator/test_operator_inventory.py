@@ -128,8 +128,9 @@ def test_growing_and_shrinking_keep_device_indices(env: OperatorEnv) -> None:
 
 def test_pools_of_200_and_2000_devices_are_split_into_slices(env: OperatorEnv) -> None:
     small, large = env.zone("split200"), env.zone("split2000")
-    env.add_zone(small, [("H100", 200)])
-    env.add_zone(large, [("H100", 250)] * 8)
+    # Hosts of 50: within the per-host cap (maxGPUsPerHost, 64 by default).
+    env.add_zone(small, [("H100", 50)] * 4)
+    env.add_zone(large, [("H100", 50)] * 40)
     env.sync()
 
     for zone, devices, slices in ((small, 200, 2), (large, 2000, 16)):
