@@ -46,6 +46,7 @@ import grpc
 import yaml
 from kubernetes import client, config, dynamic
 
+from bench.docsection import replace_section
 from hack.cluster import Cluster, ClusterConfig, free_port
 from hack.cluster.nodes import create_node
 from hack.fake_host import BIN_DIR, STATE_ENV
@@ -484,20 +485,7 @@ def render(report: dict[str, Any], claims: int) -> str:
 
 def write_docs(section: str) -> None:
     """Replace the "## Daemon" section of docs/benchmarks.md, keeping every other section."""
-    text = DOCS.read_text() if DOCS.exists() else INTRO
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.strip() == "## Daemon"), None)
-    if start is None:
-        updated = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
-    else:
-        end = next(
-            (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
-        )
-        after = "".join(lines[end:])
-        updated = "".join(lines[:start]) + section.rstrip("\n") + "\n"
-        if after:
-            updated += "\n" + after
-    DOCS.write_text(updated)
+    replace_section(DOCS, "## Daemon", section, intro=INTRO)
 
 
 def main(argv: list[str] | None = None) -> int:

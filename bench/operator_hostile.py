@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.operator_inventory import DOC, MODELS, machine, peak_rss_mib
+from bench.docsection import replace_section
+from bench.operator_inventory import DOC, INTRO, MODELS, machine, peak_rss_mib
 from hack.cluster import Cluster, ClusterConfig
 from hack.fake_thunder import start_fake_thunder
 from tests.integration.operator.harness import (
@@ -450,20 +451,7 @@ def render(args: argparse.Namespace, results: dict[str, Any], command: str) -> s
 
 def write_section(text: str, path: Path = DOC) -> None:
     """Replace (or add, after the Operator section) this section; others stay as they are."""
-    current = path.read_text()
-    start = current.find(f"\n{SECTION}\n")
-    if start != -1:
-        following = current.find("\n## ", start + 1)
-        rest = "" if following == -1 else current[following:]
-        updated = current[: start + 1] + text + rest
-    else:
-        anchor = current.find(f"\n{AFTER}\n")
-        following = -1 if anchor == -1 else current.find("\n## ", anchor + 1)
-        if following == -1:
-            updated = current.rstrip("\n") + "\n\n" + text
-        else:
-            updated = current[: following + 1] + text + "\n" + current[following + 1 :]
-    path.write_text(updated.rstrip("\n") + "\n")
+    replace_section(path, SECTION, text, intro=INTRO, after=AFTER)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

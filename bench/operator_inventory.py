@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.docsection import replace_section
 from hack.cluster import Cluster, ClusterConfig
 from hack.fake_thunder import start_fake_thunder
 from tests.integration.operator.harness import (
@@ -354,15 +355,7 @@ def render(args: argparse.Namespace, results: dict[str, Any], command: str) -> s
 
 def write_section(text: str, path: Path = DOC) -> None:
     """Replace (or add) the Operator section, leaving every other section alone."""
-    current = path.read_text() if path.exists() else INTRO
-    start = current.find(f"\n{SECTION}\n")
-    if start == -1:
-        updated = current.rstrip("\n") + "\n\n" + text
-    else:
-        following = current.find("\n## ", start + 1)
-        rest = "" if following == -1 else current[following:]
-        updated = current[: start + 1] + text + rest
-    path.write_text(updated.rstrip("\n") + "\n")
+    replace_section(path, SECTION, text, intro=INTRO)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,31 @@
+"""Replace one `## ` section of docs/benchmarks.md, leaving every other section as it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def replace_section(
+    path: Path, heading: str, text: str, *, intro: str, after: str | None = None
+) -> None:
+    """Write `text` (which starts with `heading`) as that section of `path`.
+
+    An existing section is replaced up to the next `## ` heading. A missing one goes right
+    after the section `after` when given and present, else at the end. A missing file starts
+    from `intro`.
+    """
+    section = text.rstrip("\n") + "\n"
+    current = path.read_text() if path.exists() else intro
+    start = current.find(f"\n{heading}\n")
+    if start != -1:
+        following = current.find("\n## ", start + 1)
+        rest = "" if following == -1 else current[following:]
+        updated = current[: start + 1] + section + rest
+    else:
+        anchor = -1 if after is None else current.find(f"\n{after}\n")
+        following = -1 if anchor == -1 else current.find("\n## ", anchor + 1)
+        if following == -1:
+            updated = current.rstrip("\n") + "\n\n" + section
+        else:
+            updated = current[: following + 1] + section + "\n" + current[following + 1 :]
+    path.write_text(updated.rstrip("\n") + "\n")
