@@ -43,7 +43,8 @@ from bench.docsection import replace_section
 from bench.operator_inventory import DOC, INTRO, MODELS, machine, peak_rss_mib
 from hack.cluster import Cluster, ClusterConfig
 from hack.fake_thunder import start_fake_thunder
-from tests.integration.operator.harness import (
+from hack.testbed.kube import Kube, wait_for
+from hack.testbed.operator import (
     API_TOKEN,
     RECONCILE_ANNOTATION,
     OperatorProcess,
@@ -51,7 +52,6 @@ from tests.integration.operator.harness import (
     thundercluster_manifest,
     token_secret,
 )
-from tests.support.kube import Kube, wait_for
 
 SECTION = "## Operator: hostile inventory"
 AFTER = "## Operator"

@@ -38,7 +38,8 @@ from typing import Any
 from bench.docsection import replace_section
 from hack.cluster import Cluster, ClusterConfig
 from hack.fake_thunder import start_fake_thunder
-from tests.integration.operator.harness import (
+from hack.testbed.kube import Kube, wait_for
+from hack.testbed.operator import (
     API_TOKEN,
     OPERATOR_AGENT,
     RECONCILE_ANNOTATION,
@@ -47,7 +48,6 @@ from tests.integration.operator.harness import (
     thundercluster_manifest,
     token_secret,
 )
-from tests.support.kube import Kube, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks.md"

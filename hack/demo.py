@@ -27,9 +27,9 @@ from typing import Any
 
 from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
-from tests.integration.daemon import harness as daemon_harness
-from tests.integration.operator import harness as operator_harness
-from tests.support.kube import Kube, wait_for
+from hack.testbed import daemon as daemon_harness
+from hack.testbed import operator as operator_harness
+from hack.testbed.kube import Kube, wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 CLIENTS = "thundercompute.com/v1alpha1"

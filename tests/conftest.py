@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hack.cluster import Cluster, ClusterConfig
-from tests.support.kube import Kube
+from hack.testbed.kube import Kube
 
 _TESTS = Path(__file__).parent
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
-from tests.integration.daemon.harness import API_TOKEN, REPO, ZonePool
-from tests.support.kube import Kube, wait_for
+from hack.testbed.daemon import API_TOKEN, REPO, ZonePool
+from hack.testbed.kube import Kube, wait_for
 from tests.support.runc import build_cdi_check
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from hack.cluster.pki import CertificateAuthority
 from hack.fake_thunder import LIBRARY_SHA256, FakeThunderProcess
-from tests.integration.daemon.harness import (
+from hack.testbed.daemon import (
     DaemonProcess,
     NodeHarness,
     Workloads,
@@ -26,7 +26,7 @@ from tests.integration.daemon.harness import (
     files_under,
     mints,
 )
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
 
 GPUS = ["NVIDIA RTX A6000"] * 4
 WRONG = "0123456789abcdef" * 4

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.daemon.harness import (
+from hack.testbed.daemon import (
     NodeHarness,
     ZonePool,
     allocated_claims,
@@ -20,7 +20,7 @@ from tests.integration.daemon.harness import (
     dra_unprepare,
     live_clients,
 )
-from tests.support.kube import Kube
+from hack.testbed.kube import Kube
 
 CLAIMS = 300
 BOUND = 8

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.daemon.harness import (
+from hack.testbed.daemon import (
     CLIENT_API,
     DirectClaim,
     NodeHarness,
@@ -22,7 +22,7 @@ from tests.integration.daemon.harness import (
     files_under,
     live_clients,
 )
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
 
 
 def _ok(answers: object, claims: list[DirectClaim]) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.daemon.harness import (
+from hack.testbed.daemon import (
     CLIENT_API,
     RESOURCE,
     NodeHarness,
@@ -23,7 +23,7 @@ from tests.integration.daemon.harness import (
     mints,
     secrets_of,
 )
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
 
 CONFIG_KEYS = {
     "deviceId",

@@ -10,14 +10,14 @@ from collections.abc import Iterator
 import pytest
 
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.daemon.harness import (
+from hack.testbed.daemon import (
     CLIENT_API,
     NodeHarness,
     Workloads,
     ZonePool,
     files_under,
 )
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
 from thunder_dra.plugin.crashpoints import ENROLL_STEPS, PREPARE_STEPS, UNPREPARE_STEPS
 
 CRASHED = 137

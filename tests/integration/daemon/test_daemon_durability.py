@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.daemon.harness import (
+from hack.testbed.daemon import (
     CLIENT_API,
     DirectClaim,
     NodeHarness,
@@ -25,7 +25,7 @@ from tests.integration.daemon.harness import (
     files_under,
     live_clients,
 )
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
 
 PAGE = 4096
 STATE_SIZE = "4m"

@@ -17,8 +17,8 @@ import pytest
 
 from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.daemon.harness import DaemonProcess, NodeHarness, ZonePool, mints
-from tests.support.kube import Kube, wait_for
+from hack.testbed.daemon import DaemonProcess, NodeHarness, ZonePool, mints
+from hack.testbed.kube import Kube, wait_for
 from thunder_dra.version import user_agent
 
 GPUS = ["NVIDIA RTX A6000"] * 4

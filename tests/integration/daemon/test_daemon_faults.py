@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.daemon.harness import (
+from hack.testbed.daemon import (
     API_TOKEN,
     NodeHarness,
     Workloads,
@@ -17,7 +17,7 @@ from tests.integration.daemon.harness import (
     files_under,
     mints,
 )
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
 
 MINT = "/api/v1/enrollment-tokens"
 EXCHANGE = "/api/v1/enrollment-tokens/enroll"

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.daemon.harness import NodeHarness, Workloads, ZonePool, mints
-from tests.support.kube import Kube, wait_for
+from hack.testbed.daemon import NodeHarness, Workloads, ZonePool, mints
+from hack.testbed.kube import Kube, wait_for
 
 GPUS = ["NVIDIA RTX A6000"] * 4
 

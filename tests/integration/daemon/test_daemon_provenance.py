@@ -8,14 +8,14 @@ from collections.abc import Iterator
 import pytest
 
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.daemon.harness import (
+from hack.testbed.daemon import (
     API_TOKEN,
     CLIENT_API,
     NodeHarness,
     Workloads,
     ZonePool,
 )
-from tests.support.kube import Kube
+from hack.testbed.kube import Kube
 from thunder_dra.api.client import Client
 from thunder_dra.controllers.reaper import recorded_by_driver
 from thunder_dra.kube.provenance import ANNOTATION, ProvenanceKey

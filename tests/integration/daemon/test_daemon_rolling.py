@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.daemon.harness import (
+from hack.testbed.daemon import (
     CLIENT_API,
     DaemonProcess,
     NodeHarness,
@@ -14,7 +14,7 @@ from tests.integration.daemon.harness import (
     ZonePool,
     mints,
 )
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
 
 
 def _second_instance(node: NodeHarness, fake: FakeThunderProcess, suffix: str) -> DaemonProcess:

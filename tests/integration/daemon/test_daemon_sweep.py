@@ -13,7 +13,7 @@ import pytest
 
 from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.daemon.harness import (
+from hack.testbed.daemon import (
     NodeHarness,
     ZonePool,
     allocated_claims,
@@ -21,7 +21,7 @@ from tests.integration.daemon.harness import (
     dra_unprepare,
     live_clients,
 )
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
 
 EXCHANGE = "/api/v1/enrollment-tokens/enroll"
 UNENROLL = "/api/v1/enrollment-tokens/*/node"

@@ -9,8 +9,8 @@ import pytest
 
 from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
-from tests.integration.operator.harness import API_TOKEN, OperatorEnv, operator_env
-from tests.support.kube import Kube
+from hack.testbed.kube import Kube
+from hack.testbed.operator import API_TOKEN, OperatorEnv, operator_env
 
 
 @pytest.fixture(scope="module")

@@ -20,14 +20,14 @@ import pytest
 
 from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.operator.harness import OperatorEnv, operator_env
+from hack.testbed.kube import Kube, wait_for
+from hack.testbed.operator import OperatorEnv, operator_env
 from tests.integration.operator.test_operator_reaper import (
     assert_revoked,
     client_object,
     enroll,
     record_client,
 )
-from tests.support.kube import Kube, wait_for
 
 REQUEST_TIMEOUT = 2.0
 # urllib3 retries a read 3 times: one request may take 4 timeouts before it fails.

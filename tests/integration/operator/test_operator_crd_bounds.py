@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from tests.integration.operator.harness import apply_crds
-from tests.support.kube import Kube
+from hack.testbed.kube import Kube
+from hack.testbed.operator import apply_crds
 from thunder_dra.api.constants import GROUP, THUNDER_CLUSTER_PLURAL, VERSION
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.integration.operator.harness import API_TOKEN, OperatorEnv
-from tests.support.kube import wait_for
+from hack.testbed.kube import wait_for
+from hack.testbed.operator import API_TOKEN, OperatorEnv
 
 DAEMONSET = "thunder-dra-daemon"
 

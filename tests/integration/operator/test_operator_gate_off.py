@@ -10,8 +10,8 @@ import pytest
 
 from hack.cluster import Cluster, ClusterConfig
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.operator.harness import OperatorEnv, operator_env
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
+from hack.testbed.operator import OperatorEnv, operator_env
 
 
 @pytest.fixture(scope="module")

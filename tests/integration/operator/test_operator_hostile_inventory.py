@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from tests.integration.operator.harness import RESOURCE_API, OperatorEnv
-from tests.support.kube import wait_for
+from hack.testbed.kube import wait_for
+from hack.testbed.operator import RESOURCE_API, OperatorEnv
 
 DRIVER = "thundercompute.com"
 

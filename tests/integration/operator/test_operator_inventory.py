@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.integration.operator.harness import OPERATOR_AGENT, OperatorEnv
-from tests.support.kube import wait_for
+from hack.testbed.kube import wait_for
+from hack.testbed.operator import OPERATOR_AGENT, OperatorEnv
 
 
 def pool_status(env: OperatorEnv, pool: str) -> dict[str, object]:

@@ -19,14 +19,14 @@ from prometheus_client import CollectorRegistry
 
 from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.operator.harness import (
+from hack.testbed.kube import Kube, wait_for
+from hack.testbed.operator import (
     API_TOKEN,
     RESOURCE_API,
     THUNDER_API,
     OperatorEnv,
     operator_env,
 )
-from tests.support.kube import Kube, wait_for
 from thunder_dra.kube.provenance import ANNOTATION, ProvenanceKey
 from thunder_dra.thunder import Secret, ThunderClient
 

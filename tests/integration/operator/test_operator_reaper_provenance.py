@@ -15,7 +15,8 @@ import pytest
 
 from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.operator.harness import API_TOKEN, OperatorEnv, operator_env
+from hack.testbed.kube import Kube, wait_for
+from hack.testbed.operator import API_TOKEN, OperatorEnv, operator_env
 from tests.integration.operator.test_operator_reaper import (
     GRACE,
     assert_revoked,
@@ -24,7 +25,6 @@ from tests.integration.operator.test_operator_reaper import (
     orphaned_since,
     record_client,
 )
-from tests.support.kube import Kube, wait_for
 from thunder_dra.kube.provenance import ProvenanceKey
 from thunder_dra.thunder import Secret
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from tests.integration.operator.harness import RESOURCE_API, OperatorEnv
-from tests.support.kube import wait_for
+from hack.testbed.kube import wait_for
+from hack.testbed.operator import RESOURCE_API, OperatorEnv
 
 
 def claim(name: str, device_class: str, count: int = 1) -> dict[str, Any]:

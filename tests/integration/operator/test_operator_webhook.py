@@ -22,8 +22,8 @@ from kubernetes import client as k8s
 
 from hack.cluster import Cluster, free_port
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.operator.harness import THUNDER_API, OperatorEnv, operator_env
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
+from hack.testbed.operator import THUNDER_API, OperatorEnv, operator_env
 
 TEST_LABEL = "thunder-test/webhook"
 

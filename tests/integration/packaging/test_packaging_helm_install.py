@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from hack import helm_test
 from hack.cluster import Cluster
-from tests.support.kube import Kube
+from hack.testbed.kube import Kube
 
 CHART = "charts/thunder-device-plugin"
 GROUP = "thundercompute.com/v1alpha1"

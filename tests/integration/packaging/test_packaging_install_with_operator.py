@@ -45,7 +45,8 @@ from kubernetes.client.exceptions import ApiException
 from hack import helm_test
 from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
-from tests.integration.operator.harness import (
+from hack.testbed.kube import Kube, wait_for
+from hack.testbed.operator import (
     API_TOKEN,
     CLASS_LABELS,
     INVENTORY_LABELS,
@@ -54,7 +55,6 @@ from tests.integration.operator.harness import (
     OperatorEnv,
     OperatorProcess,
 )
-from tests.support.kube import Kube, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = "charts/thunder-device-plugin"

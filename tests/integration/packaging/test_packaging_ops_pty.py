@@ -24,8 +24,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from hack.cluster import Cluster
+from hack.testbed.kube import Kube
 from tests.integration.packaging.ptykit import Session, run_on_pty
-from tests.support.kube import Kube
 
 REPO = Path(__file__).resolve().parents[3]
 GROUP = "thundercompute.com/v1alpha1"

@@ -13,7 +13,7 @@ import pytest
 
 from hack import preflight
 from hack.cluster import Cluster, ClusterConfig
-from tests.support.kube import Kube
+from hack.testbed.kube import Kube
 
 REPO = Path(__file__).resolve().parents[3]
 

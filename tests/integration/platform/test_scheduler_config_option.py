@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from hack.cluster import Cluster, ClusterConfig
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
 
 
 def _argv(pid: int) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from hack.cluster import Cluster, ClusterConfig
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 RESOURCE = "resource.k8s.io/v1"

@@ -34,13 +34,13 @@ from hack import bundle
 from hack.cluster import Cluster, binaries
 from hack.cluster.nodes import create_node, delete_node
 from hack.fake_thunder import FakeThunderProcess
-from tests.integration.daemon.harness import (
+from hack.testbed.daemon import (
     CLIENT_API,
     NodeHarness,
     Workloads,
     ZonePool,
 )
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
 from thunder_dra.controllers.admissionpolicy import apply_policies, operator_identity, rendered
 from thunder_dra.controllers.kubeapi import KubeApi as OperatorKube
 from thunder_dra.controllers.metrics import OperatorMetrics

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from kubernetes import client
 
-from tests.support.kubelet import KubeletStandIn
+from hack.testbed.kubelet import KubeletStandIn
 from thunder_dra.plugin.service import (
     ClaimRef,
     PluginServer,

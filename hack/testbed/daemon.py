@@ -34,14 +34,14 @@ from hack.cluster import free_port
 from hack.cluster.nodes import create_node, delete_node
 from hack.fake_host import BIN_DIR, STATE_ENV, FakeHost
 from hack.fake_thunder import FakeThunderProcess
-from tests.support.kube import Kube, wait_for
-from tests.support.kubelet import KubeletStandIn
+from hack.testbed.kube import Kube, wait_for
+from hack.testbed.kubelet import KubeletStandIn
 from thunder_dra.controllers.capacity import PoolCapacity, TargetSource
 from thunder_dra.controllers.deviceclasses import build_device_classes
 from thunder_dra.controllers.slices import InventoryConfig, build_pools
 from thunder_dra.proto_gen import dra_v1_pb2, dra_v1_pb2_grpc
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 DRIVER = "thundercompute.com"
 API_TOKEN = "tcapi_daemon_it_Secret-API-token-7f3a"
 RESOURCE = "resource.k8s.io/v1"

@@ -31,9 +31,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hack.cluster import Cluster, free_port
 from hack.fake_thunder import FakeThunderProcess
-from tests.support.kube import Kube, wait_for
+from hack.testbed.kube import Kube, wait_for
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 API_TOKEN = "tcapi_op_Operator-Test-Secret-Token-7f3a"
 RESOURCE_API = "resource.k8s.io/v1"
 THUNDER_API = "thundercompute.com/v1alpha1"
