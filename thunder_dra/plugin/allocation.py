@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from thunder_dra.kube import naming
+from thunder_dra.plugin.cdi import qualified_device_id
+from thunder_dra.plugin.checkpoint import Consumer, PreparedDevice
 from thunder_dra.plugin.kubeapi import KubeApi, KubeError
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.thunder import ThunderClient, ThunderError
@@ -85,25 +87,21 @@ class ClaimError(Exception):
 
 
 @dataclass(frozen=True)
-class AllocatedDevice:
-    request: str
-    pool: str
-    device: str
-
-
-@dataclass(frozen=True)
 class ClaimAllocation:
-    namespace: str
-    name: str
+    """What a ResourceClaim says about its devices of this driver, read at the edge."""
+
     uid: str
     pool: str
-    devices: tuple[AllocatedDevice, ...]
+    devices: tuple[PreparedDevice, ...]  # without CDI IDs: see devices_for
     reserved_pods: tuple[str, ...]
     preload: bool = True
 
-    @property
-    def label(self) -> str:
-        return f"{self.namespace}/{self.name}"
+    def devices_for(self, consumer: Consumer) -> tuple[PreparedDevice, ...]:
+        """The kubelet's answer: a pod's devices carry the claim's CDI ID, a VM's none."""
+        if consumer.kind == "vm":
+            return self.devices
+        cdi_ids = (qualified_device_id(self.uid),)
+        return tuple(d.model_copy(update={"cdi_device_ids": cdi_ids}) for d in self.devices)
 
 
 @dataclass(frozen=True)
@@ -116,6 +114,15 @@ def _base_request(name: str) -> str:
     # A prioritized-list allocation names "<request>/<subrequest>"; containers refer to
     # the request itself.
     return name.split("/", 1)[0]
+
+
+def _device(result: Mapping[str, Any]) -> PreparedDevice:
+    request = _base_request(str(result.get("request", "")))
+    return PreparedDevice(
+        pool_name=str(result["pool"]),
+        device_name=str(result["device"]),
+        request_names=(request,) if request else (),
+    )
 
 
 def _preload(config: list[Mapping[str, Any]], driver: str) -> bool:
@@ -144,7 +151,6 @@ def _preload(config: list[Mapping[str, Any]], driver: str) -> bool:
 def parse_claim(claim: Mapping[str, Any], uid: str, driver: str) -> ClaimAllocation:
     """The part of a ResourceClaim this driver prepares; raises :class:`ClaimError`."""
     metadata = claim.get("metadata") or {}
-    namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
     if metadata.get("uid") != uid:
         raise ClaimError(
             f"has UID {metadata.get('uid')}, the kubelet asked for {uid} "
@@ -158,11 +164,8 @@ def parse_claim(claim: Mapping[str, Any], uid: str, driver: str) -> ClaimAllocat
     ours = [r for r in devices.get("results") or [] if r.get("driver") == driver]
     if not ours:
         raise ClaimError(f"no device of driver {driver} is allocated")
-    allocated = tuple(
-        AllocatedDevice(_base_request(str(r.get("request", ""))), str(r["pool"]), str(r["device"]))
-        for r in ours
-    )
-    pools = sorted({d.pool for d in allocated})
+    allocated = tuple(_device(r) for r in ours)
+    pools = sorted({d.pool_name for d in allocated})
     if len(pools) != 1:
         raise ClaimError(
             f"devices come from {len(pools)} pools ({', '.join(pools)}); "
@@ -175,8 +178,6 @@ def parse_claim(claim: Mapping[str, Any], uid: str, driver: str) -> ClaimAllocat
         if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("name")
     )
     return ClaimAllocation(
-        namespace=namespace,
-        name=name,
         uid=uid,
         pool=pools[0],
         devices=allocated,

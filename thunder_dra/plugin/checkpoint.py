@@ -17,6 +17,13 @@ committed) is taken from durable state. The writer is substitutable
 
 A checkpoint holds identifiers only (enrollment token ID, client ID), never a token:
 the models have no field that could hold one and reject unknown fields.
+
+:class:`PreparedClaim` is the daemon's one model of a claim, from the kubelet's request to
+the checkpoint: prepare builds it (state ``preparing``) from the ResourceClaim, fills in
+what each step learns and commits it; the kubelet's answer, the ``Client`` record and the
+CDI spec are derived from it, and repair, unprepare and rebuild start from it. Only the
+edges convert: the gRPC messages (:mod:`service`) and the Kubernetes objects as they are
+read (:mod:`allocation`, :mod:`records`).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import json
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -63,6 +70,20 @@ class CheckpointVersionError(CheckpointError):
     """Written by a daemon with another checkpoint format version."""
 
 
+class ClaimRef(Protocol):
+    """What names a claim: the kubelet's request message, a ``Client``'s ``spec.claim``,
+    or a :class:`PreparedClaim` itself."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def uid(self) -> str: ...
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
@@ -83,7 +104,7 @@ class Consumer(_Model):
 
 
 class PreparedDevice(_Model):
-    """A device as returned to the kubelet in NodePrepareResourceResponse."""
+    """One allocated device as the kubelet gets it back (NodePrepareResourcesResponse)."""
 
     pool_name: str
     device_name: str
@@ -106,6 +127,23 @@ class PreparedClaim(_Model):
     devices: tuple[PreparedDevice, ...] = ()
     paths: tuple[str, ...] = ()  # files and directories this claim wrote on the node
     state: ClaimState = ClaimState.PREPARING
+
+    @property
+    def is_vm(self) -> bool:
+        return self.consumer.kind == "vm"
+
+    @property
+    def hostname(self) -> str:
+        """What the exchange names the client after (2.9): the pod, else the claim."""
+        return self.consumer.name or self.name
+
+    @property
+    def library(self) -> Path | None:
+        """The cached ``libthunder.so`` the claim's CDI spec mounts (pods only)."""
+        for entry in self.paths:
+            if entry.endswith("/libthunder.so"):
+                return Path(entry)
+        return None
 
 
 class Checkpoint(_Model):

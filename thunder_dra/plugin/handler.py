@@ -21,21 +21,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from opentelemetry.trace import Status, StatusCode, Tracer
 from prometheus_client import CollectorRegistry, Gauge
 
 from thunder_dra.plugin.allocation import ClaimError
-from thunder_dra.plugin.checkpoint import CheckpointStore, ClaimState, PreparedClaim
+from thunder_dra.plugin.checkpoint import CheckpointStore, ClaimRef, ClaimState, PreparedClaim
 from thunder_dra.plugin.kubeapi import KubeError
 from thunder_dra.plugin.locks import KeyedLocks, NodeSerializeLock
 from thunder_dra.plugin.metrics import DaemonMetrics, ErrorReason
 from thunder_dra.plugin.prepare import Preparer
 from thunder_dra.plugin.records import Records
 from thunder_dra.plugin.repair import Repairer
-from thunder_dra.plugin.service import ClaimRef, PreparedDevice, PrepareResult
 from thunder_dra.plugin.unprepare import Unpreparer
 
 log = logging.getLogger(__name__)
@@ -44,20 +43,6 @@ _T = TypeVar("_T")
 # and claim in this window is enough for `kubectl describe`.
 EVENT_REPEAT_AFTER = 300.0
 DEFAULT_CLAIM_CONCURRENCY = 20  # --claim-concurrency
-
-
-def answer(prepared: PreparedClaim) -> PrepareResult:
-    return PrepareResult(
-        devices=tuple(
-            PreparedDevice(
-                pool_name=d.pool_name,
-                device_name=d.device_name,
-                cdi_device_ids=d.cdi_device_ids,
-                request_names=d.request_names,
-            )
-            for d in prepared.devices
-        )
-    )
 
 
 class ClaimSlots:
@@ -161,14 +146,14 @@ class ClaimService:
 
     # Prepare
 
-    async def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
-        async def all_claims() -> dict[str, PrepareResult]:
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
+        async def all_claims() -> dict[str, PreparedClaim | str]:
             results = await asyncio.gather(*(self._prepare_one(c) for c in claims))
             return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
         return await self._shielded(self._under_node_lock(all_claims))
 
-    async def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
+    async def _prepare_one(self, ref: ClaimRef) -> PreparedClaim | str:
         fields = {"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name}
         started = time.monotonic()
         with self._tracer.start_as_current_span(
@@ -179,7 +164,7 @@ class ClaimService:
                 # The claim's lock first: a duplicate of a claim in progress waits without
                 # taking one of the slots.
                 async with self._claim_locks.hold(ref.uid), self._slots.held():
-                    result = await self._prepare_claim(ref)
+                    result: PreparedClaim | str = await self._prepare_claim(ref)
             except Exception as err:
                 message, reason = _classify(err)
                 error = f"claim {ref.namespace}/{ref.name}: {message}"
@@ -193,7 +178,7 @@ class ClaimService:
                 )
                 async with self._slots.held():
                     await self._warn(ref, message)
-                result = PrepareResult(error=error)
+                result = error
             else:
                 self._metrics.prepares.labels("success").inc()
             finally:
@@ -211,10 +196,10 @@ class ClaimService:
             ref.namespace, ref.name, ref.uid, "ThunderPrepareFailed", message
         )
 
-    async def _prepare_claim(self, ref: ClaimRef) -> PrepareResult:
+    async def _prepare_claim(self, ref: ClaimRef) -> PreparedClaim:
         existing = self._checkpoint.current.claims.get(ref.uid)
         if existing is not None and existing.state is ClaimState.PREPARED:
-            return answer(await self._repairer.repair(existing))
+            return await self._repairer.repair(existing)
         if existing is not None:
             # An unprepare (or an older format's half-prepare) was interrupted: finish it,
             # so the claim is enrolled from a clean slate.
@@ -235,11 +220,11 @@ class ClaimService:
                 "client_id": prepared.client_id,
             },
         )
-        return answer(prepared)
+        return prepared
 
     # Unprepare
 
-    async def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         async def all_claims() -> dict[str, str]:
             errors = await asyncio.gather(*(self._unprepare_one(c) for c in claims))
             return {c.uid: e for c, e in zip(claims, errors, strict=True)}

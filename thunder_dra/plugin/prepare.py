@@ -32,7 +32,6 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from thunder_dra.api import ConsumerKind
 from thunder_dra.plugin.allocation import (
     ClaimError,
     PoolResolver,
@@ -41,13 +40,13 @@ from thunder_dra.plugin.allocation import (
     parse_claim,
     vm_name,
 )
-from thunder_dra.plugin.cdi import CdiSpecStore, ClaimCdiParams, NodeGpuFiles, qualified_device_id
+from thunder_dra.plugin.cdi import CdiSpecStore, ClaimCdiParams, NodeGpuFiles
 from thunder_dra.plugin.checkpoint import (
     CheckpointStore,
+    ClaimRef,
     ClaimState,
     Consumer,
     PreparedClaim,
-    PreparedDevice,
 )
 from thunder_dra.plugin.clientconfig import (
     ClientConfigError,
@@ -67,36 +66,13 @@ from thunder_dra.plugin.journal import (
 )
 from thunder_dra.plugin.kubeapi import KubeApi, KubeError, KubeNotFound
 from thunder_dra.plugin.library import LibraryProvider
-from thunder_dra.plugin.logs import SecretScrubber
 from thunder_dra.plugin.metrics import ErrorReason
-from thunder_dra.plugin.records import ClientRecord, Records
+from thunder_dra.plugin.records import Records
 from thunder_dra.plugin.rollback import Undo
-from thunder_dra.plugin.service import ClaimRef
+from thunder_dra.process.logs import SecretScrubber
 from thunder_dra.thunder import MintedToken, NotFound, ThunderClient, ThunderError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything one enrollment needs, from the API (fresh) or the checkpoint (re-enroll)."""
-
-    uid: str
-    namespace: str
-    name: str
-    zone_name: str
-    zone_id: str
-    gpu_type: str
-    gpu_count: int
-    consumer: Consumer
-    hostname: str
-    devices: tuple[PreparedDevice, ...]
-    preload: bool = True
-    library: Path | None = None
-
-    @property
-    def is_vm(self) -> bool:
-        return self.consumer.kind == "vm"
 
 
 @dataclass
@@ -126,62 +102,40 @@ class Attempt:
     client_id: str | None = None
 
 
-def library_of(prepared: PreparedClaim) -> Path | None:
-    for entry in prepared.paths:
-        if entry.endswith("/libthunder.so"):
-            return Path(entry)
-    return None
-
-
 class Preparer:
     def __init__(self, deps: PrepareDeps) -> None:
         self.d = deps
 
     async def prepare(self, ref: ClaimRef) -> PreparedClaim:
         """A fresh claim, end to end (the caller handles claims already checkpointed)."""
-        return await self.enroll(await self._plan(ref))
-
-    async def _plan(self, ref: ClaimRef) -> Plan:
         d = self.d
         try:
-            claim = await d.kube.get_claim(ref.namespace, ref.name)
+            resource_claim = await d.kube.get_claim(ref.namespace, ref.name)
         except KubeNotFound:
             raise ClaimError("the ResourceClaim does not exist") from None
         except KubeError as err:
             raise ClaimError(str(err), ErrorReason.KUBERNETES) from None
-        allocation = parse_claim(claim, ref.uid, d.config.driver_name)
+        allocation = parse_claim(resource_claim, ref.uid, d.config.driver_name)
         identity = await d.pools.resolve(allocation.pool)
-        consumer, hostname = await self._consumer(ref, allocation.reserved_pods)
+        consumer = await self._consumer(ref, allocation.reserved_pods)
         library = None if consumer.kind == "vm" else await d.library.current()
         zone_id = await d.zones.resolve(identity.zone_name)
-        cdi_ids = () if consumer.kind == "vm" else (qualified_device_id(ref.uid),)
-        devices = tuple(
-            PreparedDevice(
-                pool_name=dev.pool,
-                device_name=dev.device,
-                request_names=(dev.request,) if dev.request else (),
-                cdi_device_ids=cdi_ids,
-            )
-            for dev in allocation.devices
-        )
-        return Plan(
+        claim = PreparedClaim(
             uid=ref.uid,
             namespace=ref.namespace,
             name=ref.name,
+            consumer=consumer,
             zone_name=identity.zone_name,
             zone_id=zone_id,
             gpu_type=identity.gpu_type,
-            gpu_count=len(devices),
-            consumer=consumer,
-            hostname=hostname,
-            devices=devices,
-            preload=allocation.preload,
-            library=library,
+            gpu_count=len(allocation.devices),
+            devices=allocation.devices_for(consumer),
         )
+        return await self.enroll(claim, preload=allocation.preload, library=library)
 
-    async def _consumer(self, ref: ClaimRef, pods: tuple[str, ...]) -> tuple[Consumer, str]:
+    async def _consumer(self, ref: ClaimRef, pods: tuple[str, ...]) -> Consumer:
         if not pods:
-            return Consumer(kind="pod", name=""), ref.name
+            return Consumer(kind="pod", name="")
         try:
             pod = await self.d.kube.get_pod(ref.namespace, pods[0])
         except KubeNotFound:
@@ -189,52 +143,60 @@ class Preparer:
                 "the pod the claim is reserved for is gone; preparing for a pod",
                 extra={"claim_uid": ref.uid, "pod": pods[0]},
             )
-            return Consumer(kind="pod", name=pods[0]), pods[0]
+            return Consumer(kind="pod", name=pods[0])
         except KubeError as err:
             raise ClaimError(f"reading the consuming pod: {err}", ErrorReason.KUBERNETES) from None
         if is_virt_launcher(pod):
-            return Consumer(kind="vm", name=vm_name(pod)), pods[0]
-        return Consumer(kind="pod", name=pods[0]), pods[0]
+            return Consumer(kind="vm", name=vm_name(pod))
+        return Consumer(kind="pod", name=pods[0])
 
-    def cdi_params(self, plan: Plan, config_json: Path, library: Path) -> ClaimCdiParams:
+    def cdi_params(
+        self, claim: PreparedClaim, config_json: Path, library: Path, *, preload: bool
+    ) -> ClaimCdiParams:
         cfg = self.d.config
         return ClaimCdiParams(
-            claim_uid=plan.uid,
-            namespace=plan.namespace,
-            name=plan.name,
-            gpu_type=plan.gpu_type,
-            gpu_count=plan.gpu_count,
+            claim_uid=claim.uid,
+            namespace=claim.namespace,
+            name=claim.name,
+            gpu_type=claim.gpu_type,
+            gpu_count=claim.gpu_count,
             config_json=config_json,
             libthunder=library,
             node_gpu_files=present_gpu_files(cfg),
             ca_bundle=cfg.ca_bundle,
-            preload=plan.preload,
+            preload=preload,
         )
 
-    async def _mint(self, plan: Plan, entry: JournalEntry) -> MintedToken:
+    async def _mint(self, claim: PreparedClaim, entry: JournalEntry) -> MintedToken:
         d = self.d
         try:
-            return await d.thunder.mint_client_token(plan.zone_id, plan.gpu_type, plan.gpu_count)
+            return await d.thunder.mint_client_token(claim.zone_id, claim.gpu_type, claim.gpu_count)
         except ThunderError as err:
             await d.undo.settle_failed_mint(d.journal, entry, err)
             if isinstance(err, NotFound):
-                d.zones.forget(plan.zone_name)
+                d.zones.forget(claim.zone_name)
             raise ClaimError(f"Thunder mint failed: {err}", ErrorReason.THUNDER_MINT) from None
 
-    async def enroll(self, plan: Plan) -> PreparedClaim:
+    async def enroll(
+        self, claim: PreparedClaim, *, preload: bool, library: Path | None
+    ) -> PreparedClaim:
+        """Enroll ``claim`` (fresh, or again from its checkpoint entry) and commit it.
+
+        ``preload`` is the claim's option for its CDI spec; ``library`` the cached
+        ``libthunder.so`` it mounts (pods; None for a VM)."""
         d = self.d
-        purpose = MintPurpose.VM if plan.is_vm else MintPurpose.POD
+        purpose = MintPurpose.VM if claim.is_vm else MintPurpose.POD
         entry = await d.journal.begin(
             role=MintRole.CLIENT,
             purpose=purpose,
-            claim_uid=plan.uid,
-            claim_namespace=plan.namespace,
-            claim_name=plan.name,
+            claim_uid=claim.uid,
+            claim_namespace=claim.namespace,
+            claim_name=claim.name,
         )
         d.crash.reached("prepare:journal-begun")
         attempt = Attempt()
         try:
-            prepared = await self._enroll_steps(plan, entry, attempt)
+            prepared = await self._enroll_steps(claim, entry, attempt, preload, library)
         except Exception as err:
             await self._roll_back(entry, attempt)
             if isinstance(err, ClaimError):
@@ -253,7 +215,7 @@ class Preparer:
             # as committed by the next start-up or sweep, so this is not the claim's error.
             log.warning(
                 "closing the journal entry of a committed claim failed; left for recovery",
-                extra={"claim_uid": plan.uid, "entry": entry.entry_id, "error": str(err)},
+                extra={"claim_uid": claim.uid, "entry": entry.entry_id, "error": str(err)},
             )
         d.crash.reached("prepare:journal-closed")
         return prepared
@@ -298,10 +260,15 @@ class Preparer:
             )
 
     async def _enroll_steps(
-        self, plan: Plan, entry: JournalEntry, attempt: Attempt
+        self,
+        claim: PreparedClaim,
+        entry: JournalEntry,
+        attempt: Attempt,
+        preload: bool,
+        library: Path | None,
     ) -> PreparedClaim:
         d = self.d
-        minted = await self._mint(plan, entry)
+        minted = await self._mint(claim, entry)
         token_id = attempt.token_id = minted.enrollment_token_id
         key = d.scrubber.add(minted.enrollment_token)
         client_id: str | None = None
@@ -309,11 +276,11 @@ class Preparer:
         try:
             await d.journal.record_token_id(entry.entry_id, token_id)
             d.crash.reached("prepare:token-recorded")
-            if plan.is_vm:
+            if claim.is_vm:
                 await d.records.write_guest_secret(
-                    namespace=plan.namespace,
-                    claim_name=plan.name,
-                    claim_uid=plan.uid,
+                    namespace=claim.namespace,
+                    claim_name=claim.name,
+                    claim_uid=claim.uid,
                     token=minted.enrollment_token,
                     token_id=token_id,
                     script=guest_install_script(
@@ -324,56 +291,36 @@ class Preparer:
                 )
                 d.crash.reached("prepare:secret-written")
             else:
-                client_id, paths = await self._exchange(plan, entry, minted, attempt)
+                client_id, paths = await self._exchange(claim, entry, minted, attempt)
         finally:
             d.scrubber.remove(key)
-        record = ClientRecord(
-            namespace=plan.namespace,
-            claim_name=plan.name,
-            claim_uid=plan.uid,
-            node_name=d.config.node_name,
-            zone_name=plan.zone_name,
-            zone_id=plan.zone_id,
-            gpu_type=plan.gpu_type,
-            gpu_count=plan.gpu_count,
-            enrollment_token_id=token_id,
-            consumer_kind=ConsumerKind.VIRTUAL_MACHINE if plan.is_vm else ConsumerKind.POD,
-            consumer_name=plan.consumer.name,
-            client_id=client_id,
+        enrolled = claim.model_copy(
+            update={
+                "enrollment_token_id": token_id,
+                "client_id": client_id,
+                "secret_name": guest_secret_name(claim.name) if claim.is_vm else None,
+                "paths": paths,
+            }
         )
-        await d.records.record_client(record)
+        await d.records.record_client(enrolled)
         d.crash.reached("prepare:client-recorded")
-        if not plan.is_vm:
-            assert plan.library is not None
-            spec = await d.cdi.write_claim(self.cdi_params(plan, Path(paths[1]), plan.library))
+        if not claim.is_vm:
+            assert library is not None
+            params = self.cdi_params(enrolled, Path(paths[1]), library, preload=preload)
+            spec = await d.cdi.write_claim(params)
             d.crash.reached("prepare:cdi-written")
-            paths = (*paths, str(spec), str(plan.library))
-        prepared = PreparedClaim(
-            uid=plan.uid,
-            namespace=plan.namespace,
-            name=plan.name,
-            consumer=plan.consumer,
-            zone_name=plan.zone_name,
-            zone_id=plan.zone_id,
-            gpu_type=plan.gpu_type,
-            gpu_count=plan.gpu_count,
-            enrollment_token_id=token_id,
-            client_id=client_id,
-            secret_name=guest_secret_name(plan.name) if plan.is_vm else None,
-            devices=plan.devices,
-            paths=paths,
-            state=ClaimState.PREPARED,
-        )
+            paths = (*paths, str(spec), str(library))
+        prepared = enrolled.model_copy(update={"paths": paths, "state": ClaimState.PREPARED})
         await d.checkpoint.put(prepared)
         d.crash.reached("prepare:checkpoint-committed")
         return prepared
 
     async def _exchange(
-        self, plan: Plan, entry: JournalEntry, minted: MintedToken, attempt: Attempt
+        self, claim: PreparedClaim, entry: JournalEntry, minted: MintedToken, attempt: Attempt
     ) -> tuple[str, tuple[str, ...]]:
         d = self.d
         try:
-            exchange = await d.thunder.exchange(minted.enrollment_token, plan.hostname)
+            exchange = await d.thunder.exchange(minted.enrollment_token, claim.hostname)
         except ThunderError as err:
             raise ClaimError(
                 f"Thunder exchange failed: {err}", ErrorReason.THUNDER_EXCHANGE
@@ -385,7 +332,7 @@ class Preparer:
         config = client_config_from_exchange(
             exchange, central_api_url=d.config.api_url, telemetry_collector=d.config.telemetry_url
         )
-        directory = claim_dir(d.config.claims_dir, plan.uid)
+        directory = claim_dir(d.config.claims_dir, claim.uid)
         config_path = await write_client_config(directory, config)
         d.crash.reached("prepare:config-written")
         return client_id, (str(directory), str(config_path))

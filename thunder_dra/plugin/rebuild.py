@@ -37,16 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thunder_dra.api import ConsumerKind
+from thunder_dra.api import ClaimReference, ConsumerKind
 from thunder_dra.kube import naming
 from thunder_dra.plugin.allocation import ClaimError, parse_claim
-from thunder_dra.plugin.cdi import LIBTHUNDER_CONTAINER_PATH, qualified_device_id
+from thunder_dra.plugin.cdi import LIBTHUNDER_CONTAINER_PATH
 from thunder_dra.plugin.checkpoint import (
     CheckpointStore,
+    ClaimRef,
     ClaimState,
     Consumer,
     PreparedClaim,
-    PreparedDevice,
 )
 from thunder_dra.plugin.clientconfig import CONFIG_FILE_NAME, claim_dir
 from thunder_dra.plugin.guest import guest_secret_name
@@ -54,7 +54,6 @@ from thunder_dra.plugin.journal import MintJournal
 from thunder_dra.plugin.kubeapi import JSON, KubeError, KubeNotFound
 from thunder_dra.plugin.locks import KeyedLocks
 from thunder_dra.plugin.prepare import PrepareDeps
-from thunder_dra.plugin.service import ClaimRef
 from thunder_dra.plugin.unprepare import Unpreparer
 
 log = logging.getLogger(__name__)
@@ -168,7 +167,11 @@ class Rebuilder:
             if uid in busy_uids or spec.get("enrollmentTokenId") in busy_tokens:
                 report.skipped += 1  # an open journal entry settles it
                 continue
-            ref = ClaimRef(str(claim.get("namespace") or ""), uid, str(claim.get("name") or ""))
+            ref = ClaimReference.model_construct(
+                namespace=str(claim.get("namespace") or ""),
+                name=str(claim.get("name") or ""),
+                uid=uid,
+            )
             async with self._claim_locks.hold(uid):
                 if uid in self._checkpoint.current.claims:
                     continue  # a kubelet call prepared it meanwhile
@@ -242,16 +245,8 @@ class Rebuilder:
         spec = record.get("spec") or {}
         zone = spec.get("zone") or {}
         vm = spec.get("consumerKind") == ConsumerKind.VIRTUAL_MACHINE.value
-        cdi_ids = () if vm else (qualified_device_id(ref.uid),)
-        devices = tuple(
-            PreparedDevice(
-                pool_name=dev.pool,
-                device_name=dev.device,
-                request_names=(dev.request,) if dev.request else (),
-                cdi_device_ids=cdi_ids,
-            )
-            for dev in allocation.devices
-        )
+        consumer = Consumer(kind="vm" if vm else "pod", name=str(spec.get("consumerName") or ""))
+        devices = allocation.devices_for(consumer)
         paths: tuple[str, ...] = ()
         if not vm:
             directory = claim_dir(d.config.claims_dir, ref.uid)
@@ -270,7 +265,7 @@ class Rebuilder:
             uid=ref.uid,
             namespace=ref.namespace,
             name=ref.name,
-            consumer=Consumer(kind="vm" if vm else "pod", name=str(spec.get("consumerName") or "")),
+            consumer=consumer,
             zone_name=str(zone.get("name") or ""),
             zone_id=str(zone.get("id") or ""),
             gpu_type=str(spec.get("gpuType") or ""),

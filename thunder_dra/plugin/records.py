@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import logging
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -44,6 +43,7 @@ from thunder_dra.api import (
 from thunder_dra.api.constants import CLIENT_KIND, DOMAIN
 from thunder_dra.kube import naming, provenance
 from thunder_dra.kube.admissionpolicy import ANNOTATION_NODE_NAME, LABEL_CLAIM_UID
+from thunder_dra.plugin.checkpoint import PreparedClaim
 from thunder_dra.plugin.guest import GUEST_SCRIPT_KEY, GUEST_TOKEN_KEY, guest_secret_name
 from thunder_dra.plugin.kubeapi import JSON, KubeApi, KubeConflict, KubeError, KubeNotFound
 from thunder_dra.thunder import Secret
@@ -62,65 +62,30 @@ def _labels(claim_uid: str) -> dict[str, str]:
     return {**naming.component_labels(naming.COMPONENT_DAEMON), LABEL_CLAIM_UID: claim_uid}
 
 
-@dataclass(frozen=True)
-class ClientRecord:
-    """What the daemon records about one enrollment."""
+def client_spec(claim: PreparedClaim, node_name: str) -> ClientSpec:
+    """The ``Client`` spec of a prepared claim (immutable once written)."""
+    return ClientSpec(
+        claim=ClaimReference(namespace=claim.namespace, name=claim.name, uid=claim.uid),
+        node_name=node_name,
+        zone=ZoneReference(name=claim.zone_name, id=claim.zone_id),
+        gpu_type=claim.gpu_type,
+        gpu_count=claim.gpu_count,
+        enrollment_token_id=claim.enrollment_token_id or "",
+        consumer_kind=ConsumerKind.VIRTUAL_MACHINE if claim.is_vm else ConsumerKind.POD,
+        consumer_name=claim.consumer.name,
+    )
 
-    namespace: str
-    claim_name: str
-    claim_uid: str
-    node_name: str
-    zone_name: str
-    zone_id: str
-    gpu_type: str
-    gpu_count: int
-    enrollment_token_id: str
-    consumer_kind: ConsumerKind
-    consumer_name: str
-    client_id: str | None = None
 
-    @property
-    def name(self) -> str:
-        return client_name(self.claim_uid)
-
-    def spec(self) -> dict[str, Any]:
-        spec = ClientSpec(
-            claim=ClaimReference(
-                namespace=self.namespace, name=self.claim_name, uid=self.claim_uid
-            ),
-            node_name=self.node_name,
-            zone=ZoneReference(name=self.zone_name, id=self.zone_id),
-            gpu_type=self.gpu_type,
-            gpu_count=self.gpu_count,
-            enrollment_token_id=self.enrollment_token_id,
-            consumer_kind=self.consumer_kind,
-            consumer_name=self.consumer_name,
+def client_status(claim: PreparedClaim) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": ClientPhase.ENROLLED.value}
+    if claim.client_id:
+        status["clientId"] = claim.client_id
+    else:
+        status["message"] = (
+            f"enrollment token delivered in Secret {guest_secret_name(claim.name)}; "
+            "the VM's guest enrolls itself"
         )
-        return spec.to_json_dict()
-
-    def status(self) -> dict[str, Any]:
-        status: dict[str, Any] = {"phase": ClientPhase.ENROLLED.value}
-        if self.client_id:
-            status["clientId"] = self.client_id
-        else:
-            status["message"] = (
-                f"enrollment token delivered in Secret {guest_secret_name(self.claim_name)}; "
-                "the VM's guest enrolls itself"
-            )
-        return status
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "apiVersion": API_VERSION,
-            "kind": CLIENT_KIND,
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "labels": _labels(self.claim_uid),
-                "finalizers": [CLIENT_FINALIZER],
-            },
-            "spec": self.spec(),
-        }
+    return status
 
 
 def _pointer(key: str) -> str:
@@ -142,55 +107,67 @@ class Records:
 
     # Clients
 
-    async def record_client(self, record: ClientRecord) -> None:
-        """Create (or bring up to date) the Client, then set its status."""
+    async def record_client(self, claim: PreparedClaim) -> None:
+        """Create (or bring up to date) the claim's Client, then set its status."""
         try:
-            await self._kube.create_client(record.namespace, self._client_body(record))
+            await self._kube.create_client(claim.namespace, self._client_body(claim))
         except KubeConflict:
-            await self._adopt(record)
-        await self._kube.patch_client_status(record.namespace, record.name, record.status())
+            await self._adopt(claim)
+        await self._kube.patch_client_status(
+            claim.namespace, client_name(claim.uid), client_status(claim)
+        )
 
-    async def _adopt(self, record: ClientRecord) -> None:
-        existing = await self._kube.get_client(record.namespace, record.name)
+    async def _adopt(self, claim: PreparedClaim) -> None:
+        name = client_name(claim.uid)
+        existing = await self._kube.get_client(claim.namespace, name)
         metadata = existing.get("metadata") or {}
         if metadata.get("deletionTimestamp"):
             # A record on its way out (an earlier unprepare, or the reaper): let it go and
             # start a fresh one; its enrollment is revoked by whoever deleted it.
-            await self._release_finalizer(record.namespace, record.name)
-            await self._kube.create_client(record.namespace, self._client_body(record))
+            await self._release_finalizer(claim.namespace, name)
+            await self._kube.create_client(claim.namespace, self._client_body(claim))
             return
         recorded = _token_id_of(existing)
-        if recorded and recorded != record.enrollment_token_id:
+        if recorded and recorded != (claim.enrollment_token_id or ""):
             # The record of an earlier enrollment of this claim (a re-enrollment, or an
             # attempt the journal rolls back): its spec is immutable, so it is replaced.
             # Its enrollment is revoked by whoever ended it (the journal holds it).
-            await self.delete_client(record.namespace, record.claim_uid, only_token_id=recorded)
-            await self._kube.create_client(record.namespace, self._client_body(record))
+            await self.delete_client(claim.namespace, claim.uid, only_token_id=recorded)
+            await self._kube.create_client(claim.namespace, self._client_body(claim))
             return
         finalizers = list(metadata.get("finalizers") or [])
         if CLIENT_FINALIZER not in finalizers:
             finalizers.append(CLIENT_FINALIZER)
         patch = {
-            "metadata": {"finalizers": finalizers, "annotations": self._provenance_of(record)},
-            "spec": record.spec(),
+            "metadata": {"finalizers": finalizers, "annotations": self._provenance_of(claim)},
+            "spec": client_spec(claim, self._node).to_json_dict(),
         }
-        await self._kube.patch_client(record.namespace, record.name, patch)
+        await self._kube.patch_client(claim.namespace, name, patch)
 
-    def _provenance_of(self, record: ClientRecord) -> dict[str, str]:
+    def _provenance_of(self, claim: PreparedClaim) -> dict[str, str]:
         """The signature that lets the operator's reaper revoke this enrollment."""
         signature = self._provenance.sign(
-            namespace=record.namespace,
-            name=record.name,
-            claim_uid=record.claim_uid,
-            enrollment_token_id=record.enrollment_token_id,
-            client_id=record.client_id,
+            namespace=claim.namespace,
+            name=client_name(claim.uid),
+            claim_uid=claim.uid,
+            enrollment_token_id=claim.enrollment_token_id or "",
+            client_id=claim.client_id,
         )
         return {provenance.ANNOTATION: signature}
 
-    def _client_body(self, record: ClientRecord) -> dict[str, Any]:
-        body = record.body()
-        body["metadata"]["annotations"] = self._provenance_of(record)
-        return body
+    def _client_body(self, claim: PreparedClaim) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": CLIENT_KIND,
+            "metadata": {
+                "name": client_name(claim.uid),
+                "namespace": claim.namespace,
+                "labels": _labels(claim.uid),
+                "finalizers": [CLIENT_FINALIZER],
+                "annotations": self._provenance_of(claim),
+            },
+            "spec": client_spec(claim, self._node).to_json_dict(),
+        }
 
     async def get_client(self, namespace: str, claim_uid: str) -> JSON | None:
         try:

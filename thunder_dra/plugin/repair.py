@@ -19,55 +19,16 @@ may already have spent, so a missing Secret is reported, not re-minted.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
-from thunder_dra.api import ConsumerKind
 from thunder_dra.plugin.allocation import ClaimError, parse_claim
 from thunder_dra.plugin.checkpoint import PreparedClaim
 from thunder_dra.plugin.clientconfig import CONFIG_FILE_NAME, claim_dir
 from thunder_dra.plugin.kubeapi import KubeError
 from thunder_dra.plugin.metrics import ErrorReason
-from thunder_dra.plugin.prepare import Plan, Preparer, library_of
-from thunder_dra.plugin.records import ClientRecord
+from thunder_dra.plugin.prepare import Preparer
 from thunder_dra.thunder import ThunderError
 
 log = logging.getLogger(__name__)
-
-
-def plan_from(prepared: PreparedClaim, *, preload: bool, library: Path | None = None) -> Plan:
-    return Plan(
-        uid=prepared.uid,
-        namespace=prepared.namespace,
-        name=prepared.name,
-        zone_name=prepared.zone_name,
-        zone_id=prepared.zone_id,
-        gpu_type=prepared.gpu_type,
-        gpu_count=prepared.gpu_count,
-        consumer=prepared.consumer,
-        hostname=prepared.consumer.name or prepared.name,
-        devices=prepared.devices,
-        preload=preload,
-        library=library if library is not None else library_of(prepared),
-    )
-
-
-def record_from(prepared: PreparedClaim, node_name: str) -> ClientRecord:
-    return ClientRecord(
-        namespace=prepared.namespace,
-        claim_name=prepared.name,
-        claim_uid=prepared.uid,
-        node_name=node_name,
-        zone_name=prepared.zone_name,
-        zone_id=prepared.zone_id,
-        gpu_type=prepared.gpu_type,
-        gpu_count=prepared.gpu_count,
-        enrollment_token_id=prepared.enrollment_token_id or "",
-        consumer_kind=(
-            ConsumerKind.VIRTUAL_MACHINE if prepared.consumer.kind == "vm" else ConsumerKind.POD
-        ),
-        consumer_name=prepared.consumer.name,
-        client_id=prepared.client_id,
-    )
 
 
 def _fields(prepared: PreparedClaim) -> dict[str, str]:
@@ -86,12 +47,16 @@ class Repairer:
             directory = claim_dir(d.config.claims_dir, prepared.uid)
             if not (directory / CONFIG_FILE_NAME).is_file():
                 prepared = await self.reenroll(prepared)
-            library = library_of(prepared)
+            library = prepared.library
             if library is not None and not library.is_file():
                 library = await d.library.by_digest(library.parent.name)
             if library is not None and not d.cdi.path_for(prepared.uid).is_file():
-                plan = plan_from(prepared, preload=await self._preload_of(prepared))
-                params = self._preparer.cdi_params(plan, directory / CONFIG_FILE_NAME, library)
+                params = self._preparer.cdi_params(
+                    prepared,
+                    directory / CONFIG_FILE_NAME,
+                    library,
+                    preload=await self._preload_of(prepared),
+                )
                 await d.cdi.write_claim(params)
                 log.info("rewrote a missing CDI spec", extra=_fields(prepared))
         elif prepared.secret_name and not await d.records.guest_secret_exists(
@@ -103,7 +68,7 @@ class Repairer:
                 extra={**_fields(prepared), "secret": prepared.secret_name},
             )
         if await d.records.get_client(prepared.namespace, prepared.uid) is None:
-            await d.records.record_client(record_from(prepared, d.config.node_name))
+            await d.records.record_client(prepared)
             log.info("re-created a missing Client record", extra=_fields(prepared))
         return prepared
 
@@ -126,8 +91,8 @@ class Repairer:
                 f"revoking the enrollment whose config.json is gone failed: {err}",
                 ErrorReason.THUNDER_REVOKE,
             ) from None
-        library = library_of(prepared)
+        library = prepared.library
         if library is None or not library.is_file():
             library = await d.library.current()
-        plan = plan_from(prepared, preload=await self._preload_of(prepared), library=library)
-        return await self._preparer.enroll(plan)
+        preload = await self._preload_of(prepared)
+        return await self._preparer.enroll(prepared, preload=preload, library=library)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 
+from thunder_dra.plugin.checkpoint import ClaimRef, PreparedClaim
 from thunder_dra.proto_gen import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -40,37 +41,14 @@ SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 UNIX_PATH_MAX = 107
 
 
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    uid: str
-    name: str
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
-    request_names: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class PrepareResult:
-    devices: tuple[PreparedDevice, ...] = ()
-    error: str = ""
-
-
 class ClaimHandler(Protocol):
-    """What the DRA service delegates to: one answer per claim, never a whole-call failure."""
+    """What the DRA service delegates to: one answer per claim (by UID), never a
+    whole-call failure. Prepare answers the prepared claim or an error message; unprepare
+    an error message, empty on success."""
 
-    async def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]: ...
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]: ...
 
-    async def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]: ...
-
-
-def _claims(request: Any) -> list[ClaimRef]:
-    return [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]: ...
 
 
 class _DRAServicer:
@@ -81,26 +59,28 @@ class _DRAServicer:
         self._pb = pb
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        results = await self._handler.prepare(_claims(request))
+        # The request's Claim messages name their claims (namespace, name, UID) as they are.
+        results = await self._handler.prepare(list(request.claims))
         response = self._pb.NodePrepareResourcesResponse()
         for claim in request.claims:
-            result = results.get(claim.uid) or PrepareResult(error="claim was not prepared")
+            result = results.get(claim.uid, "claim was not prepared")
             entry = response.claims[claim.uid]
-            entry.error = result.error
-            if not result.error:
-                for dev in result.devices:
-                    entry.devices.append(
-                        self._pb.Device(
-                            request_names=list(dev.request_names),
-                            pool_name=dev.pool_name,
-                            device_name=dev.device_name,
-                            cdi_device_ids=list(dev.cdi_device_ids),
-                        )
+            if isinstance(result, str):
+                entry.error = result
+                continue
+            for dev in result.devices:
+                entry.devices.append(
+                    self._pb.Device(
+                        request_names=list(dev.request_names),
+                        pool_name=dev.pool_name,
+                        device_name=dev.device_name,
+                        cdi_device_ids=list(dev.cdi_device_ids),
                     )
+                )
         return response
 
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        errors = await self._handler.unprepare(_claims(request))
+        errors = await self._handler.unprepare(list(request.claims))
         response = self._pb.NodeUnprepareResourcesResponse()
         for claim in request.claims:
             response.claims[claim.uid].error = errors.get(claim.uid, "")

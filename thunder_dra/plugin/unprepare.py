@@ -17,12 +17,11 @@ import logging
 
 from thunder_dra.api import ConsumerKind
 from thunder_dra.plugin.allocation import ClaimError
-from thunder_dra.plugin.checkpoint import CheckpointStore, ClaimState, PreparedClaim
+from thunder_dra.plugin.checkpoint import CheckpointStore, ClaimRef, ClaimState, PreparedClaim
 from thunder_dra.plugin.crashpoints import CrashPoints
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.plugin.records import Records
 from thunder_dra.plugin.rollback import Undo
-from thunder_dra.plugin.service import ClaimRef
 from thunder_dra.thunder import ThunderError
 
 log = logging.getLogger(__name__)

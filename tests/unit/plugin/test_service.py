@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -12,16 +12,38 @@ import pytest
 from kubernetes import client
 
 from hack.testbed.kubelet import KubeletStandIn
-from thunder_dra.plugin.service import (
+from thunder_dra.plugin.checkpoint import (
     ClaimRef,
-    PluginServer,
+    ClaimState,
+    Consumer,
+    PreparedClaim,
     PreparedDevice,
-    PrepareResult,
-    SocketPaths,
 )
+from thunder_dra.plugin.service import PluginServer, SocketPaths
 from thunder_dra.proto_gen import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 
 DRIVER = "thundercompute.com"
+
+
+def _prepared(ref: ClaimRef) -> PreparedClaim:
+    device = PreparedDevice(
+        pool_name="zone-a/a6000",
+        device_name="a6000-0",
+        request_names=("gpu",),
+        cdi_device_ids=(f"{DRIVER}/gpu=claim-{ref.uid}",),
+    )
+    return PreparedClaim(
+        uid=ref.uid,
+        namespace=ref.namespace,
+        name=ref.name,
+        consumer=Consumer(kind="pod", name="trainer"),
+        zone_name="zone a",
+        zone_id="z-1",
+        gpu_type="A6000",
+        gpu_count=1,
+        devices=(device,),
+        state=ClaimState.PREPARED,
+    )
 
 
 class RecordingHandler:
@@ -29,19 +51,18 @@ class RecordingHandler:
         self.prepared: list[list[ClaimRef]] = []
         self.unprepared: list[list[ClaimRef]] = []
 
-    async def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
-        self.prepared.append(claims)
-        results = {}
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
+        self.prepared.append(list(claims))
+        results: dict[str, PreparedClaim | str] = {}
         for c in claims:
             if c.name == "broken":
-                results[c.uid] = PrepareResult(error=f"claim {c.namespace}/{c.name}: no allocation")
+                results[c.uid] = f"claim {c.namespace}/{c.name}: no allocation"
             elif c.name != "forgotten":
-                dev = PreparedDevice("zone-a/a6000", "a6000-0", (f"{DRIVER}/gpu=claim-{c.uid}",))
-                results[c.uid] = PrepareResult(devices=(dev,))
+                results[c.uid] = _prepared(c)
         return results
 
-    async def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
-        self.unprepared.append(claims)
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        self.unprepared.append(list(claims))
         return {c.uid: ("revoke failed" if c.name == "broken" else "") for c in claims}
 
 
@@ -90,6 +111,8 @@ async def test_prepare_answers_every_claim_and_reports_per_claim_errors(
     assert set(response.claims) == {"u1", "u2", "u3"}
     assert list(response.claims["u1"].devices[0].cdi_device_ids) == [f"{DRIVER}/gpu=claim-u1"]
     assert response.claims["u1"].devices[0].pool_name == "zone-a/a6000"
+    assert list(response.claims["u1"].devices[0].request_names) == ["gpu"]
+    assert response.claims["u1"].error == ""
     assert response.claims["u2"].error == "claim ns/broken: no allocation"
     assert response.claims["u3"].error == "claim was not prepared"
     assert [c.uid for c in handler.prepared[0]] == ["u1", "u2", "u3"]
