@@ -196,3 +196,45 @@ async def test_a_failed_write_is_reported_and_undone_in_memory(
     monkeypatch.setattr(fsutil, "write_atomic", real)
     await store.put(_claim("uid-2"))
     assert sorted((await ck.CheckpointStore(tmp_path).load()).claims) == ["uid-2"]
+
+
+# A checkpoint as the daemon wrote it before the claim model was consolidated: a pod's
+# prepared claim and a VM's claim interrupted mid-unprepare. An upgraded daemon must read
+# it and write it back byte for byte.
+EARLIER_FILE = (
+    b'{"checksum":"2181ecbb3ec4dd68a0646dfe18d77f0952870c11218fc5dfc22756ca10ff1543","'
+    b'payload":{"claims":{"uid-pod":{"clientId":"client-1","consumer":{"kind":"pod","n'
+    b'ame":"trainer-0"},"devices":[{"cdiDeviceIds":["thundercompute.com/gpu=claim-uid-'
+    b'pod"],"deviceName":"a6000-0","poolName":"us-east/a6000","requestNames":["gpu"]},'
+    b'{"cdiDeviceIds":["thundercompute.com/gpu=claim-uid-pod"],"deviceName":"a6000-1",'
+    b'"poolName":"us-east/a6000","requestNames":["gpu"]}],"enrollmentTokenId":"etok-1"'
+    b',"gpuCount":2,"gpuType":"A6000","name":"train","namespace":"team-a","paths":["/s'
+    b'/claims/uid-pod","/s/claims/uid-pod/config.json","/cdi/thundercompute.com-gpu_cl'
+    b'aim-uid-pod.json","/s/libthunder/sha256/ab/libthunder.so"],"secretName":null,"st'
+    b'ate":"prepared","uid":"uid-pod","zoneId":"zone-123","zoneName":"US East"},"uid-v'
+    b'm":{"clientId":null,"consumer":{"kind":"vm","name":"desk-vm"},"devices":[{"cdiDe'
+    b'viceIds":[],"deviceName":"a6000-2","poolName":"us-east/a6000","requestNames":["g'
+    b'pu"]}],"enrollmentTokenId":"etok-2","gpuCount":1,"gpuType":"A6000","name":"desk"'
+    b',"namespace":"team-b","paths":[],"secretName":"desk-thunder-setup","state":"unpr'
+    b'eparing","uid":"uid-vm","zoneId":"zone-123","zoneName":"US East"}}},"version":1}'
+    b"\n"
+)
+
+
+async def test_a_checkpoint_written_by_the_earlier_daemon_reads_and_writes_back_unchanged(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / ck.CHECKPOINT_FILE_NAME).write_bytes(EARLIER_FILE)
+    store = ck.CheckpointStore(tmp_path)
+    loaded = await store.load()
+    pod, vm = loaded.claims["uid-pod"], loaded.claims["uid-vm"]
+    assert pod.state is ck.ClaimState.PREPARED
+    assert pod.hostname == "trainer-0"
+    assert pod.library == Path("/s/libthunder/sha256/ab/libthunder.so")
+    assert [d.device_name for d in pod.devices] == ["a6000-0", "a6000-1"]
+    assert vm.is_vm
+    assert vm.state is ck.ClaimState.UNPREPARING
+    assert vm.library is None
+    assert ck.encode_checkpoint(loaded) == EARLIER_FILE
+    await store.save(loaded)
+    assert store.path.read_bytes() == EARLIER_FILE
