@@ -6,6 +6,7 @@
 #
 #   hack/build-scheduler-patched.sh            # build if needed, print the binary's path
 #   hack/build-scheduler-patched.sh --print    # only print the path (may not exist yet)
+#   hack/build-scheduler-patched.sh --test     # go test the patched allocator (no build)
 #
 #   python -m bench.scheduler --scheduler-binary "$(hack/build-scheduler-patched.sh)"
 set -euo pipefail
@@ -31,6 +32,33 @@ key=$( { cat "$mod/go.mod" "$mod/go.sum" "$patch_file"; echo "$go_version $ldfla
        | sha256sum | cut -c1-16)
 out="$cache_root/scheduler-patched/$k8s_version-$key"
 
+src="$(go env GOMODCACHE)/k8s.io/dynamic-resource-allocation@$dra_version"
+if [ ! -d "$src" ]; then
+  (cd "$(mktemp -d)" && go mod download "k8s.io/dynamic-resource-allocation@$dra_version")
+fi
+
+if [ "${1:-}" = "--test" ]; then
+  # The patched module with upstream's own allocator tests (allocatortesting, which
+  # the incubating package runs) and cross_node_cache_test.go, which compares the
+  # patched allocator with the unpatched one, copied in as package "unpatched".
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  cp -r "$src" "$work/dra"
+  chmod -R u+w "$work/dra"
+  inc="$work/dra/structured/internal/incubating"
+  mkdir "$work/dra/structured/internal/unpatched"
+  for f in "$inc"/*.go; do
+    case "$f" in *_test.go) continue ;; esac
+    sed 's/^package incubating$/package unpatched/' "$f" \
+      > "$work/dra/structured/internal/unpatched/$(basename "$f")"
+  done
+  patch -p1 --quiet -d "$work/dra" < "$patch_file"
+  cp "$mod/cross_node_cache_test.go" "$inc/"
+  (cd "$work/dra" && go vet ./structured/internal/incubating/ \
+     && go test -count=1 "${@:2}" ./structured/internal/incubating/)
+  exit
+fi
+
 if [ "${1:-}" = "--print" ]; then
   echo "$out/kube-scheduler"
   exit 0
@@ -38,11 +66,6 @@ fi
 if [ -x "$out/kube-scheduler" ]; then
   echo "$out/kube-scheduler"
   exit 0
-fi
-
-src="$(go env GOMODCACHE)/k8s.io/dynamic-resource-allocation@$dra_version"
-if [ ! -d "$src" ]; then
-  (cd "$(mktemp -d)" && go mod download "k8s.io/dynamic-resource-allocation@$dra_version")
 fi
 
 mkdir -p "$cache_root/scheduler-patched"
