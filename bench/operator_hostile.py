@@ -239,7 +239,7 @@ class Bench:
         poller = HealthPoller(health_url)
         poller.start()
         wait_for(
-            lambda: operator.metric("thunder_operator_inventory_passes_total") >= 1,
+            lambda: operator.metric("thunder_dra_operator_inventory_passes_total") >= 1,
             "the first publish",
             timeout=PASS_TIMEOUT,
         )
@@ -247,15 +247,15 @@ class Bench:
         first_wall = time.monotonic() - started
         first = PassFigures(
             seconds=operator.metric(
-                "thunder_operator_reconcile_duration_seconds_sum", kind="inventory"
+                "thunder_dra_operator_reconcile_duration_seconds_sum", kind="inventory"
             ),
-            thunder_requests=operator.metric("thunder_api_requests_total"),
+            thunder_requests=operator.metric("thunder_dra_thunder_api_requests_total"),
             worst_healthz=poller.worst,
             healthz_polls=len(poller.latencies),
             healthz_failures=poller.failures,
         )
-        devices = operator.metric("thunder_operator_pool_published_devices")
-        pools = operator.metric("thunder_operator_pools")
+        devices = operator.metric("thunder_dra_operator_pool_published_devices")
+        pools = operator.metric("thunder_dra_operator_pools")
         slices = len(
             kube.resource("resource.k8s.io/v1", "ResourceSlice")
             .get(label_selector="app.kubernetes.io/component=resource-inventory")
@@ -272,37 +272,40 @@ class Bench:
         # A no-change pass, with /healthz polled throughout.
         before_seconds = first.seconds
         before_requests = first.thunder_requests
-        done = operator.metric("thunder_operator_inventory_passes_total")
+        done = operator.metric("thunder_dra_operator_inventory_passes_total")
         poller = HealthPoller(health_url)
         poller.start()
         self._request_pass(kube, name)
         wait_for(
-            lambda: operator.metric("thunder_operator_inventory_passes_total") >= done + 1,
+            lambda: operator.metric("thunder_dra_operator_inventory_passes_total") >= done + 1,
             "a no-change pass",
             timeout=PASS_TIMEOUT,
         )
         poller.stop()
         no_change = PassFigures(
             seconds=operator.metric(
-                "thunder_operator_reconcile_duration_seconds_sum", kind="inventory"
+                "thunder_dra_operator_reconcile_duration_seconds_sum", kind="inventory"
             )
             - before_seconds,
-            thunder_requests=operator.metric("thunder_api_requests_total") - before_requests,
+            thunder_requests=operator.metric("thunder_dra_thunder_api_requests_total")
+            - before_requests,
             worst_healthz=poller.worst,
             healthz_polls=len(poller.latencies),
             healthz_failures=poller.failures,
         )
 
         # SIGTERM in the middle of the next pass (half way through, by the last one).
-        starts = operator.metric("thunder_operator_inventory_pass_starts_total")
+        starts = operator.metric("thunder_dra_operator_inventory_pass_starts_total")
         self._request_pass(kube, name)
         wait_for(
-            lambda: operator.metric("thunder_operator_inventory_pass_starts_total") >= starts + 1,
+            lambda: (
+                operator.metric("thunder_dra_operator_inventory_pass_starts_total") >= starts + 1
+            ),
             "the next pass to start",
             timeout=PASS_TIMEOUT,
         )
         time.sleep(no_change.seconds / 2)
-        in_pass = operator.metric("thunder_operator_inventory_passes_total") == done + 1
+        in_pass = operator.metric("thunder_dra_operator_inventory_passes_total") == done + 1
         popen = operator.popen
         assert popen is not None
         rss_before_exit = peak_rss_mib(popen.pid)
@@ -325,12 +328,12 @@ class Bench:
         )
         operator.start()
         wait_for(
-            lambda: operator.metric("thunder_operator_inventory_pass_starts_total") >= 1,
+            lambda: operator.metric("thunder_dra_operator_inventory_pass_starts_total") >= 1,
             "the republishing pass to start",
             timeout=PASS_TIMEOUT,
         )
         time.sleep(first.seconds / 2)
-        publish_in_pass = operator.metric("thunder_operator_inventory_passes_total") == 0
+        publish_in_pass = operator.metric("thunder_dra_operator_inventory_passes_total") == 0
         republished = len(
             kube.resource("resource.k8s.io/v1", "ResourceSlice")
             .get(label_selector="app.kubernetes.io/component=resource-inventory")
@@ -443,7 +446,7 @@ def render(args: argparse.Namespace, results: dict[str, Any], command: str) -> s
         "",
         "The first-publish /healthz figure covers the operator's start up to the end of "
         "its first pass; the no-change figure covers the pass it was asked for. Thunder "
-        "requests are the operator's `thunder_api_requests_total`.",
+        "requests are the operator's `thunder_dra_thunder_api_requests_total`.",
         "",
     ]
     return "\n".join(lines)

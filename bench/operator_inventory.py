@@ -11,7 +11,7 @@ serves every model), starts a local control plane and the operator as a real pro
   and the pass itself (the operator's own histogram);
 - no-change passes (asked for through the `reconcile-requested` annotation);
 - a restarted operator's first pass (it must write nothing);
-- Thunder requests per pass (the operator's `thunder_api_requests_total`), Kubernetes
+- Thunder requests per pass (the operator's `thunder_dra_thunder_api_requests_total`), Kubernetes
   writes per pass (the API server's audit log, by the operator's user agent);
 - the operator's peak RSS (`VmHWM` of `/proc/<pid>/status`), per process.
 
@@ -156,27 +156,28 @@ class Bench:
         self, operator: OperatorProcess, cluster: Cluster, kube: Kube, name: str
     ) -> PassFigures:
         before_seconds = operator.metric(
-            "thunder_operator_reconcile_duration_seconds_sum", kind="inventory"
+            "thunder_dra_operator_reconcile_duration_seconds_sum", kind="inventory"
         )
-        before_requests = operator.metric("thunder_api_requests_total")
-        started = operator.metric("thunder_operator_inventory_pass_starts_total")
+        before_requests = operator.metric("thunder_dra_thunder_api_requests_total")
+        started = operator.metric("thunder_dra_operator_inventory_pass_starts_total")
         _, _, mark = operator_writes(cluster, 0)
         patch = {"metadata": {"annotations": {RECONCILE_ANNOTATION: uuid.uuid4().hex}}}
         kube.resource("thundercompute.com/v1alpha1", "ThunderCluster").patch(
             name=name, body=patch, content_type="application/merge-patch+json"
         )
         wait_for(
-            lambda: operator.metric("thunder_operator_inventory_passes_total") >= started + 1,
+            lambda: operator.metric("thunder_dra_operator_inventory_passes_total") >= started + 1,
             "a pass",
             timeout=1800,
         )
         writes, by_resource, _ = operator_writes(cluster, mark)
         return PassFigures(
             seconds=operator.metric(
-                "thunder_operator_reconcile_duration_seconds_sum", kind="inventory"
+                "thunder_dra_operator_reconcile_duration_seconds_sum", kind="inventory"
             )
             - before_seconds,
-            thunder_requests=operator.metric("thunder_api_requests_total") - before_requests,
+            thunder_requests=operator.metric("thunder_dra_thunder_api_requests_total")
+            - before_requests,
             kubernetes_writes=writes,
             writes_by_resource=by_resource,
         )
@@ -188,7 +189,7 @@ class Bench:
         started = time.monotonic()
         operator.start()
         wait_for(
-            lambda: operator.metric("thunder_operator_inventory_passes_total") >= 1,
+            lambda: operator.metric("thunder_dra_operator_inventory_passes_total") >= 1,
             "the first publish",
             timeout=1800,
         )
@@ -196,15 +197,15 @@ class Bench:
         writes, by_resource, _ = operator_writes(cluster, mark)
         first = PassFigures(
             seconds=operator.metric(
-                "thunder_operator_reconcile_duration_seconds_sum", kind="inventory"
+                "thunder_dra_operator_reconcile_duration_seconds_sum", kind="inventory"
             ),
-            thunder_requests=operator.metric("thunder_api_requests_total"),
+            thunder_requests=operator.metric("thunder_dra_thunder_api_requests_total"),
             kubernetes_writes=writes,
             writes_by_resource=by_resource,
         )
         assert operator.popen is not None
-        devices = operator.metric("thunder_operator_pool_published_devices")
-        pools = operator.metric("thunder_operator_pools")
+        devices = operator.metric("thunder_dra_operator_pool_published_devices")
+        pools = operator.metric("thunder_dra_operator_pools")
         no_change = [self._pass(operator, cluster, kube, name) for _ in range(self.args.passes)]
         rss_first = peak_rss_mib(operator.popen.pid)
 
@@ -212,7 +213,7 @@ class Bench:
         started = time.monotonic()
         operator.restart()
         wait_for(
-            lambda: operator.metric("thunder_operator_inventory_passes_total") >= 1,
+            lambda: operator.metric("thunder_dra_operator_inventory_passes_total") >= 1,
             "the restarted operator's first pass",
             timeout=1800,
         )
@@ -220,9 +221,9 @@ class Bench:
         restart_writes, restart_by_resource, _ = operator_writes(cluster, mark)
         restart_pass = PassFigures(
             seconds=operator.metric(
-                "thunder_operator_reconcile_duration_seconds_sum", kind="inventory"
+                "thunder_dra_operator_reconcile_duration_seconds_sum", kind="inventory"
             ),
-            thunder_requests=operator.metric("thunder_api_requests_total"),
+            thunder_requests=operator.metric("thunder_dra_thunder_api_requests_total"),
             kubernetes_writes=restart_writes,
             writes_by_resource=restart_by_resource,
         )
@@ -344,7 +345,7 @@ def render(args: argparse.Namespace, results: dict[str, Any], command: str) -> s
         f"took {best.seconds:.2f} to {worst.seconds:.2f} s.",
         "",
         "Thunder requests are counted once per attempt by the operator's client "
-        "(`thunder_api_requests_total`); writes come from the API server's audit log, "
+        "(`thunder_dra_thunder_api_requests_total`); writes come from the API server's audit log, "
         "filtered by the operator's user agent (status patches and events included, "
         "dry runs excluded). A no-change pass may still refresh status at most every "
         "5 minutes (docs/operator.md).",

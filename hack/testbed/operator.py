@@ -196,11 +196,11 @@ class OperatorEnv:
         return {}
 
     def passes_done(self) -> float:
-        return self.operator.metric("thunder_operator_inventory_passes_total")
+        return self.operator.metric("thunder_dra_operator_inventory_passes_total")
 
     def sync(self, timeout: float = 90) -> None:
         """Ask for a pass and wait until one that started after this call has finished."""
-        started = self.operator.metric("thunder_operator_inventory_pass_starts_total")
+        started = self.operator.metric("thunder_dra_operator_inventory_pass_starts_total")
         self.patch_thundercluster(
             {"metadata": {"annotations": {RECONCILE_ANNOTATION: uuid.uuid4().hex}}}
         )

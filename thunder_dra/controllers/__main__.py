@@ -10,8 +10,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from thunder_dra.controllers.logsetup import configure_logging
 from thunder_dra.controllers.options import OperatorOptions, parse_options
+from thunder_dra.process.logs import configure_logging
 
 
 def main(argv: Sequence[str] | None = None, *, options: OperatorOptions | None = None) -> None:

@@ -7,7 +7,7 @@ authentication and token refresh) with the response body decoded as JSON, which 
 already the camelCase shape the planning code compares with.
 
 Every blocking call runs in a bounded thread pool, never on the event loop; every write
-is counted in `thunder_operator_kubernetes_writes_total`.
+is counted in `thunder_dra_operator_kubernetes_writes_total`.
 """
 
 from __future__ import annotations

@@ -28,12 +28,10 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import kopf
-from prometheus_client import CollectorRegistry
 
 from thunder_dra.api.constants import CLIENT_PLURAL, GROUP, THUNDER_CLUSTER_PLURAL, VERSION
 from thunder_dra.controllers.admissionpolicy import apply_policies, operator_identity
 from thunder_dra.controllers.events import EventRecorder
-from thunder_dra.controllers.health import HealthServer
 from thunder_dra.controllers.inventory import InventoryReconciler
 from thunder_dra.controllers.kubeapi import (
     CLUSTER_PEERINGS,
@@ -51,7 +49,9 @@ from thunder_dra.controllers.publish import Publisher
 from thunder_dra.controllers.reaper import Reaper
 from thunder_dra.controllers.runtime import ClusterLoop, Services
 from thunder_dra.controllers.thunderaccess import ThunderClients
-from thunder_dra.controllers.tracing import configure_tracing
+from thunder_dra.process.health import HealthServer
+from thunder_dra.process.metrics import process_registry
+from thunder_dra.process.tracing import OPERATOR_SERVICE, configure_tracing
 from thunder_dra.webhooks.admission import register_webhooks
 from thunder_dra.webhooks.server import ListeningWebhookServer, WebhookTLS
 
@@ -65,7 +65,7 @@ class Operator:
 
     def __init__(self, options: OperatorOptions) -> None:
         self.options = options
-        self.registry = CollectorRegistry()
+        self.registry = process_registry()
         self.metrics = OperatorMetrics(self.registry)
         self.configuration = load_configuration(options.kubeconfig)
         read_timeout = options.kube_request_timeout.total_seconds()
@@ -112,12 +112,14 @@ class Operator:
 
     # -- readiness -------------------------------------------------------------------
 
-    def ready(self) -> tuple[bool, str]:
+    def not_ready(self) -> list[str]:
+        """What `/readyz` still waits for; empty once kopf runs (and the webhook listens)."""
+        missing = []
         if not self.kopf_ready.is_set():
-            return False, "starting"
+            missing.append("kopf is starting")
         if self.webhook_server is not None and not self.webhook_server.listening:
-            return False, "webhook server not listening yet"
-        return True, "ready"
+            missing.append("webhook server not listening yet")
+        return missing
 
     # -- webhook context ---------------------------------------------------------------
 
@@ -259,13 +261,13 @@ class Operator:
             raise
 
     async def run(self) -> None:
-        configure_tracing()
+        tracer_provider = configure_tracing(OPERATOR_SERVICE)
         health = HealthServer(
             host=self.options.health_host,
-            health_port=self.options.health_port,
+            port=self.options.health_port,
             metrics_port=self.options.metrics_port,
             registry=self.registry,
-            ready=self.ready,
+            readiness=self.not_ready,
         )
         await health.start()
         try:
@@ -292,6 +294,7 @@ class Operator:
         finally:
             await health.stop()
             await self.thunder_clients.aclose()
+            tracer_provider.shutdown()
             self.kube.close()
             if self.tls is not None:
                 self.tls.cleanup()

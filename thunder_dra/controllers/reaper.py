@@ -27,7 +27,7 @@ checks the Client's provenance signature (`thunder_dra.kube.provenance`: an HMAC
 daemon computes over the namespace, name, claim UID, token ID and client ID with a key
 derived from the Thunder API token). A Client without a valid one is not revoked: the
 reaper posts a Warning event (`NotRecordedByDriver`), deletes the record and drops its
-finalizer, and counts it as `unverified` in `thunder_operator_clients_reaped_total`.
+finalizer, and counts it as `unverified` in `thunder_dra_operator_clients_reaped_total`.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 The token is read from the Secret named by the ThunderCluster on every pass (so a
 rotated token is picked up without a restart), held as a `Secret` (it prints as a
-mask) and never logged, put in status or in events. One `ThunderClient` is kept while
-the API URL and token stay the same, so its connections are reused between passes.
+mask) and never logged, put in status or in events; while a client holds it, the log
+scrubber masks it in every record too. One `ThunderClient` is kept while the API URL
+and token stay the same, so its connections are reused between passes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from thunder_dra.api.thundercluster import ThunderSpec
 from thunder_dra.controllers.kubeapi import SECRETS, KubeApi, KubeError
+from thunder_dra.process import logs
 from thunder_dra.thunder import RetryPolicy, Secret, ThunderClient
 
 TOKEN_KEY: Final = "THUNDER_API_TOKEN"
@@ -58,6 +60,8 @@ async def read_token(kube: KubeApi, thunder: ThunderSpec) -> Secret:
 class _Cached:
     key: tuple[str, str]
     client: ThunderClient
+    # The token's registration with the log scrubber, dropped with the client.
+    mask: int
 
 
 class ThunderClients:
@@ -76,6 +80,7 @@ class ThunderClients:
             return self._cached.client
         if self._cached is not None:
             await self._cached.client.aclose()
+            logs.SECRETS.remove(self._cached.mask)
         client = ThunderClient(
             api_token=token,
             component="operator",
@@ -83,10 +88,11 @@ class ThunderClients:
             retry=self._retry,
             registry=self._registry,
         )
-        self._cached = _Cached(key, client)
+        self._cached = _Cached(key, client, logs.SECRETS.add(token))
         return client
 
     async def aclose(self) -> None:
         if self._cached is not None:
             await self._cached.client.aclose()
+            logs.SECRETS.remove(self._cached.mask)
             self._cached = None

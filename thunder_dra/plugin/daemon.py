@@ -25,13 +25,11 @@ from thunder_dra.plugin.config import DaemonConfig
 from thunder_dra.plugin.crashpoints import CrashPoints
 from thunder_dra.plugin.enrollment import NodeEnroller
 from thunder_dra.plugin.handler import ClaimService, ClaimSlots
-from thunder_dra.plugin.health import HealthServer
 from thunder_dra.plugin.hostrunner import HostNamespaceRunner, HostRunner, LocalRunner
 from thunder_dra.plugin.kubeapi import KubeApi, KubeError, load_api_client
 from thunder_dra.plugin.libcache import LibthunderCache
 from thunder_dra.plugin.library import LibraryProvider
 from thunder_dra.plugin.locks import KeyedLocks, NodeSerializeLock
-from thunder_dra.plugin.logs import SecretScrubber
 from thunder_dra.plugin.metrics import DaemonMetrics, EnrollmentState
 from thunder_dra.plugin.node import NodeInfo, check_gpu_driver, node_info
 from thunder_dra.plugin.prepare import PrepareDeps, Preparer
@@ -40,8 +38,10 @@ from thunder_dra.plugin.recovery import InstanceJournal, Recovery
 from thunder_dra.plugin.repair import Repairer
 from thunder_dra.plugin.rollback import Undo
 from thunder_dra.plugin.service import PluginServer, SocketPaths
-from thunder_dra.plugin.tracing import make_tracer_provider
 from thunder_dra.plugin.unprepare import Unpreparer
+from thunder_dra.process.health import HealthServer
+from thunder_dra.process.logs import SecretScrubber
+from thunder_dra.process.tracing import DAEMON_SERVICE, configure_tracing
 from thunder_dra.thunder import ArtifactFetcher, RetryPolicy, ThunderClient
 
 IO_THREADS = 32
@@ -132,7 +132,7 @@ class Daemon:
             )
         self._closers.append(own.lock.release)
 
-        tracer_provider = make_tracer_provider()
+        tracer_provider = configure_tracing(DAEMON_SERVICE)
         self._closers.append(tracer_provider.shutdown)
         tuning = cfg.thunder
         policy = RetryPolicy(
@@ -292,7 +292,7 @@ class Daemon:
             return missing
 
         health = HealthServer(
-            address=cfg.health_address,
+            host=cfg.health_address,
             port=cfg.health_port,
             registry=self.metrics.registry,
             readiness=readiness,

@@ -43,7 +43,6 @@ from thunder_dra.plugin.hostrunner import HostCommandError, HostRunner
 from thunder_dra.plugin.journal import JournalEntryNotFound, MintJournal, MintPurpose, MintRole
 from thunder_dra.plugin.libcache import LibraryCacheError
 from thunder_dra.plugin.locks import NodeSerializeLock
-from thunder_dra.plugin.logs import SecretScrubber
 from thunder_dra.plugin.metrics import DaemonMetrics, EnrollmentState
 from thunder_dra.plugin.node import NodeInfo
 from thunder_dra.plugin.rollback import NodeEnrollmentView, Undo
@@ -53,6 +52,7 @@ from thunder_dra.plugin.thunderd import (
     ThunderdStatus,
     read_status,
 )
+from thunder_dra.process.logs import SecretScrubber
 from thunder_dra.thunder import InstallerPins, Secret, ThunderClient, ThunderError, scrub
 
 RESTARTS_BEFORE_REINSTALL = 3

@@ -28,21 +28,21 @@ class ThunderMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
-            "thunder_api_requests",
+            "thunder_dra_thunder_api_requests",
             "Thunder API requests by method, endpoint template and status "
             "(HTTP code, or transport_error).",
             ["method", "endpoint", "status"],
             registry=registry,
         )
         self.latency = Histogram(
-            "thunder_api_request_duration_seconds",
+            "thunder_dra_thunder_api_request_duration_seconds",
             "Thunder API request latency, including reading the body.",
             ["method", "endpoint"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
         self.retries = Counter(
-            "thunder_api_retries",
+            "thunder_dra_thunder_api_retries",
             "Thunder API attempts repeated after a retryable failure.",
             ["method", "endpoint", "reason"],
             registry=registry,

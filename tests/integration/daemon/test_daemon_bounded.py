@@ -83,10 +83,15 @@ def test_a_call_with_300_claims_runs_with_bounded_concurrency_and_one_zone_list(
     assert metrics["thunder_dra_daemon_claims_in_flight_peak"] == BOUND
     assert metrics["thunder_dra_daemon_claims_in_flight"] == 0
     zone_lists = _sum(
-        metrics, "thunder_api_requests_total", 'endpoint="/api/v1/zones"', 'method="GET"'
+        metrics,
+        "thunder_dra_thunder_api_requests_total",
+        'endpoint="/api/v1/zones"',
+        'method="GET"',
     )
     assert zone_lists == 1
-    mints = _sum(metrics, "thunder_api_requests_total", f'endpoint="{MINT}"', 'method="POST"')
+    mints = _sum(
+        metrics, "thunder_dra_thunder_api_requests_total", f'endpoint="{MINT}"', 'method="POST"'
+    )
     assert mints == CLAIMS
 
     rss = _peak_rss_mib(daemon.process.pid)

@@ -251,7 +251,7 @@ def test_the_thunderd_watch_outlives_a_paused_apiserver_and_failing_thunder(
         assert up
         _assert_one_enrollment(fake, node, serving_pool.zone_id)
         records = daemon.log_records()
-        assert any(r.get("msg") == "node enrollment failed; retrying" for r in records)
+        assert any(r.get("message") == "node enrollment failed; retrying" for r in records)
 
 
 def test_watcher_reads_real_process_lists(tmp_path: Path) -> None:

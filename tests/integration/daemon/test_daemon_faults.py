@@ -44,7 +44,8 @@ def no_faults_left(fake: FakeThunderProcess) -> Iterator[None]:
 
 
 def _retries(node: NodeHarness, method: str, endpoint: str, reason: str) -> float:
-    key = f'thunder_api_retries_total{{endpoint="{endpoint}",method="{method}",reason="{reason}"}}'
+    labels = f'endpoint="{endpoint}",method="{method}",reason="{reason}"'
+    key = f"thunder_dra_thunder_api_retries_total{{{labels}}}"
     return node.daemon.metrics().get(key, 0.0)
 
 
@@ -156,7 +157,7 @@ def test_a_lost_mint_answer_is_reported_as_unrevocable(
     _kubelet_error(node, f"claim {pods.namespace}/{claim_name}: ", "Thunder mint failed")
     wait_for(
         lambda: any(
-            r.get("msg", "").startswith("a mint was started but its token ID never came back")
+            r.get("message", "").startswith("a mint was started but its token ID never came back")
             and r.get("claim_uid") == claim_uid
             for r in node.daemon.log_records()
         ),

@@ -49,7 +49,7 @@ def _sweep_failures(node: NodeHarness) -> list[int]:
     return [
         int(r.get("passes_failed_in_row", 0))
         for r in node.daemon.log_records()
-        if r.get("msg") == "journal sweep pass failed; retrying with backoff"
+        if r.get("message") == "journal sweep pass failed; retrying with backoff"
     ]
 
 

@@ -3,7 +3,7 @@
 The real kube-apiserver is paused (SIGSTOP) for several times the operator's request
 timeout (`--kube-request-timeout 2s` here) while the inventory loop (every 5s) and the
 Client reaper (grace period 4s) run, then resumed (SIGCONT). Both loops must count
-their errors in `thunder_operator_loop_errors_total{loop=...}`, retry with backoff,
+their errors in `thunder_dra_operator_loop_errors_total{loop=...}`, retry with backoff,
 and go on doing their job: a zone added meanwhile is published without being asked
 for, and an orphaned Client recorded afterwards is still revoked and removed.
 """
@@ -58,7 +58,7 @@ def env(
 
 
 def loop_errors(env: OperatorEnv, loop: str) -> float:
-    return env.operator.metric("thunder_operator_loop_errors_total", loop=loop)
+    return env.operator.metric("thunder_dra_operator_loop_errors_total", loop=loop)
 
 
 def test_the_loops_survive_a_paused_apiserver(env: OperatorEnv) -> None:
@@ -66,9 +66,9 @@ def test_the_loops_survive_a_paused_apiserver(env: OperatorEnv) -> None:
     env.add_zone(before, [("A6000", 2)])
     env.sync()
     assert env.devices(f"{before}/a6000") == ["a6000-0", "a6000-1"]
-    reaper_passes = env.operator.metric("thunder_operator_reaper_passes_total")
+    reaper_passes = env.operator.metric("thunder_dra_operator_reaper_passes_total")
     wait_for(
-        lambda: env.operator.metric("thunder_operator_reaper_passes_total") > reaper_passes,
+        lambda: env.operator.metric("thunder_dra_operator_reaper_passes_total") > reaper_passes,
         "a reaper pass before the pause",
     )
 
@@ -79,7 +79,7 @@ def test_the_loops_survive_a_paused_apiserver(env: OperatorEnv) -> None:
         env.add_zone(during, [("A6000", 3)])
         time.sleep(PAUSE)
         # The operator is not stuck: it still answers its probes and metrics.
-        assert env.operator.metric("thunder_operator_inventory_pass_starts_total") >= 1
+        assert env.operator.metric("thunder_dra_operator_inventory_pass_starts_total") >= 1
     finally:
         os.kill(apiserver, signal.SIGCONT)
 

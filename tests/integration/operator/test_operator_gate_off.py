@@ -43,7 +43,7 @@ def test_a_dropped_extended_resource_name_is_detected_and_not_fought(env: Operat
     wait_for(class_without_field, "the class, stored without extendedResourceName")
     env.sync()
     assert env.events("ExtendedResourceUnsupported")
-    assert env.operator.metric("thunder_operator_extended_resource_supported") == 0
+    assert env.operator.metric("thunder_dra_operator_extended_resource_supported") == 0
     assert env.condition("InventorySynced")["status"] == "True"
 
     mark = len(env.cluster.audit_events())
@@ -55,4 +55,4 @@ def test_a_dropped_extended_resource_name_is_detected_and_not_fought(env: Operat
     env.sync()
     writes = env.operator_writes(mark, ["deviceclasses", "resourceslices"])
     assert writes == [], [(w.get("verb"), w.get("requestURI")) for w in writes]
-    assert env.operator.metric("thunder_operator_extended_resource_supported") == 0
+    assert env.operator.metric("thunder_dra_operator_extended_resource_supported") == 0

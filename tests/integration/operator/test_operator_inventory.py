@@ -62,7 +62,7 @@ def test_four_a6000_at_target_one_and_a_half_publish_six(env: OperatorEnv) -> No
     assert env.condition("ThunderReachable")["status"] == "True"
     added = " ".join(e["message"] for e in env.events("PoolsAdded"))
     assert pool in added
-    assert env.operator.metric("thunder_operator_pool_published_devices", pool=pool) == 6
+    assert env.operator.metric("thunder_dra_operator_pool_published_devices", pool=pool) == 6
     # The operator only reads Thunder.
     assert not [w for w in env.fake.admin.writes() if "(operator)" in str(w.get("userAgent"))]
 
@@ -199,7 +199,7 @@ def test_thunder_outage_keeps_every_pool(env: OperatorEnv) -> None:
         assert env.condition("InventorySynced")["status"] == "False"
         assert env.condition("Ready")["status"] == "False"
         assert env.events("ThunderUnreachable")
-        assert env.operator.metric("thunder_operator_thunder_reachable") == 0
+        assert env.operator.metric("thunder_dra_operator_thunder_reachable") == 0
     finally:
         httpx.delete(f"{env.fake.base_url}/_admin/faults/{fault}").raise_for_status()
 

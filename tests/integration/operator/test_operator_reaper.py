@@ -178,7 +178,7 @@ def assert_revoked(env: OperatorEnv, token_id: str, client_id: str) -> None:
 
 
 def reaper_passes(env: OperatorEnv) -> float:
-    return env.operator.metric("thunder_operator_reaper_passes_total")
+    return env.operator.metric("thunder_dra_operator_reaper_passes_total")
 
 
 def test_a_client_whose_claim_has_another_uid_is_revoked_after_the_grace_period(
@@ -201,7 +201,7 @@ def test_a_client_whose_claim_has_another_uid_is_revoked_after_the_grace_period(
         ).items
     }
     assert {"ClaimGone", "EnrollmentRevoked"} <= reasons
-    assert env.operator.metric("thunder_operator_clients_reaped_total", result="revoked") >= 1
+    assert env.operator.metric("thunder_dra_operator_clients_reaped_total", result="revoked") >= 1
 
 
 def test_a_client_deleted_while_its_claim_exists_keeps_its_finalizer(

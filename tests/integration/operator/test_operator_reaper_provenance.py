@@ -108,7 +108,9 @@ def test_a_forged_client_naming_a_real_enrollment_is_not_revoked(
     assert _operator_calls_for(env, token_id, client_id) == []
     assert "NotRecordedByDriver" in _reasons(env, attacker, "forged")
     assert "EnrollmentRevoked" not in _reasons(env, attacker, "forged")
-    assert env.operator.metric("thunder_operator_clients_reaped_total", result="unverified") >= 1
+    assert (
+        env.operator.metric("thunder_dra_operator_clients_reaped_total", result="unverified") >= 1
+    )
 
 
 def test_a_genuine_orphan_is_still_revoked(env: OperatorEnv, tenants: tuple[str, str]) -> None:

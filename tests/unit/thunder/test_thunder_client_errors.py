@@ -144,13 +144,14 @@ async def test_metrics_and_spans(make_client: MakeClient, registry: CollectorReg
 
     def count(method: str, endpoint: str, status: str) -> float | None:
         labels = {"method": method, "endpoint": endpoint, "status": status}
-        return registry.get_sample_value("thunder_api_requests_total", labels)
+        return registry.get_sample_value("thunder_dra_thunder_api_requests_total", labels)
 
     assert count("GET", "/api/v1/zones", "200") == 1
     template = "/api/v1/enrollment-tokens/{enrollmentTokenId}/node"
     assert count("DELETE", template, "404") == 1
     latency = registry.get_sample_value(
-        "thunder_api_request_duration_seconds_count", {"method": "GET", "endpoint": "/api/v1/zones"}
+        "thunder_dra_thunder_api_request_duration_seconds_count",
+        {"method": "GET", "endpoint": "/api/v1/zones"},
     )
     assert latency == 1
 

@@ -218,7 +218,7 @@ async def test_retries_are_counted_and_logged_without_secrets(
     with caplog.at_level(logging.WARNING, logger="thunder_dra.thunder"):
         await client.list_zones()
     labels = {"method": "GET", "endpoint": "/api/v1/zones", "reason": "429"}
-    assert registry.get_sample_value("thunder_api_retries_total", labels) == 1
+    assert registry.get_sample_value("thunder_dra_thunder_api_retries_total", labels) == 1
     assert "retrying" in caplog.text
     assert API_TOKEN not in caplog.text
     record = next(r for r in caplog.records if "retrying" in r.getMessage())
