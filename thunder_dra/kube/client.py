@@ -1,0 +1,314 @@
+"""The one Kubernetes client of the operator and the daemon: JSON in, JSON out, async.
+
+Objects travel as the plain camelCase dicts the apiserver sends. The generated model
+classes are skipped on purpose: a pass over thousands of ResourceSlices would build, and
+serialise back, hundreds of thousands of model objects, and the daemon reads only a
+handful of fields per prepare.
+
+The network is a :class:`Transport`: :class:`~thunder_dra.kube.transport.AiohttpTransport`
+in the processes (an aiohttp session set up from a ``kubernetes.aio`` Configuration), an
+in-memory apiserver (:class:`~thunder_dra.kube.testing.FakeKube`) in unit tests. Every call
+is a plain coroutine, so cancelling the task that awaits it cancels the request; each has
+a timeout (``request_timeout=`` per call, else the client's) and fails only with a
+:class:`~thunder_dra.kube.errors.KubeError` subclass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Protocol
+from urllib.parse import urlencode
+
+from thunder_dra.kube.errors import Gone, KubeError, NotFound, Timeout, Unavailable, from_answer
+from thunder_dra.kube.resources import resource_of
+
+JSON = dict[str, Any]
+
+JSON_CONTENT: Final = "application/json"
+MERGE_PATCH: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
+STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
+APPLY_PATCH: Final = "application/apply-patch+yaml"
+
+DEFAULT_TIMEOUT: Final = 20.0
+"""Seconds one call may take, connecting and reading the whole answer included."""
+LIST_PAGE_SIZE: Final = 100
+"""Objects per list page: a page of ResourceSlices with 128 devices each stays a few MiB."""
+
+_VERBS: Final = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One HTTP request to the apiserver; ``path`` starts with ``/api`` or ``/apis``."""
+
+    method: str
+    path: str
+    query: tuple[tuple[str, str], ...] = ()
+    body: bytes | None = None
+    content_type: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+
+    @property
+    def target(self) -> str:
+        """The path with its query string."""
+        return f"{self.path}?{urlencode(self.query)}" if self.query else self.path
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    reason: str = ""
+    body: bytes = b""
+
+
+class Transport(Protocol):
+    """Sends requests. No answer at all is an ``OSError``; any HTTP answer is a Response."""
+
+    async def open(self) -> None:
+        """Get ready to send (load credentials, open connections); idempotent."""
+
+    async def send(self, request: Request) -> Response: ...
+
+    async def close(self) -> None: ...
+
+
+WriteObserver = Callable[[str, str], None]
+"""Called with (resource, verb) before each write, e.g. ("clients/status", "patch")."""
+
+
+def _encode(body: Any) -> bytes | None:
+    if body is None or isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode()
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+class KubeClient:
+    """Async access to the apiserver with dict bodies; one per process."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        on_write: WriteObserver | None = None,
+    ) -> None:
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+        self.transport = transport
+        self.timeout = timeout
+        self._on_write = on_write
+
+    async def open(self) -> None:
+        """Load the configuration and open the connection pool now rather than on the first
+        call, so a bad kubeconfig fails at start-up."""
+        await self.transport.open()
+
+    async def close(self) -> None:
+        """Release the transport (the aiohttp session and its connections)."""
+        await self.transport.close()
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- the raw path ------------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        request_timeout: float | None = None,
+    ) -> Any:
+        """One API call; the decoded JSON answer (None for an empty one).
+
+        ``body`` is JSON-encoded unless it is bytes or str (e.g. an apply-patch in YAML).
+        Writes are reported to ``on_write`` unless they are dry runs.
+        """
+        method = method.upper()
+        pairs = tuple(query.items() if isinstance(query, Mapping) else (query or ()))
+        encoded = _encode(body)
+        request = Request(
+            method=method,
+            path=path,
+            query=pairs,
+            body=encoded,
+            content_type=(content_type or JSON_CONTENT) if encoded is not None else None,
+            timeout=self.timeout if request_timeout is None else request_timeout,
+        )
+        dry_run = any(key == "dryRun" for key, _ in pairs)
+        if self._on_write is not None and method in _VERBS and not dry_run:
+            self._on_write(resource_of(path), _VERBS[method])
+        response = await self._send(request)
+        if not 200 <= response.status <= 299:
+            raise from_answer(method, path, response.status, response.reason, response.body)
+        if not response.body:
+            return None
+        try:
+            return json.loads(response.body)
+        except ValueError as exc:
+            raise KubeError(
+                method, path, response.status, "InvalidAnswer", f"answer is not JSON: {exc}"
+            ) from None
+
+    async def _send(self, request: Request) -> Response:
+        try:
+            async with asyncio.timeout(request.timeout):
+                return await self.transport.send(request)
+        except TimeoutError:
+            raise Timeout(
+                request.method,
+                request.path,
+                None,
+                "Timeout",
+                f"no complete answer within {request.timeout:g}s",
+            ) from None
+        except OSError as exc:
+            raise Unavailable(
+                request.method, request.path, None, type(exc).__name__, str(exc)
+            ) from None
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def get(self, path: str, *, request_timeout: float | None = None) -> JSON:
+        """The object at ``path``; :class:`NotFound` if there is none."""
+        found: JSON = await self.request("GET", path, request_timeout=request_timeout)
+        return found
+
+    async def get_optional(self, path: str, *, request_timeout: float | None = None) -> JSON | None:
+        """The object at ``path``, or None if it does not exist."""
+        try:
+            return await self.get(path, request_timeout=request_timeout)
+        except NotFound:
+            return None
+
+    async def list_pages(
+        self,
+        collection: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int = LIST_PAGE_SIZE,
+    ) -> AsyncIterator[list[JSON]]:
+        """The items of a collection a page at a time, so a caller can shrink them early.
+
+        An expired continue token raises :class:`Gone`: the pages already yielded are a
+        stale prefix, so the caller starts again.
+        """
+        token = ""
+        while True:
+            query = {"limit": str(limit)}
+            if label_selector:
+                query["labelSelector"] = label_selector
+            if field_selector:
+                query["fieldSelector"] = field_selector
+            if token:
+                query["continue"] = token
+            page = await self.request("GET", collection, query=query) or {}
+            items: list[JSON] = page.get("items") or []
+            yield items
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return
+
+    async def list_all(
+        self,
+        collection: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[JSON]:
+        """Every item of a collection; a list whose continue token expired is read again once."""
+        for attempt in (1, 2):
+            result: list[JSON] = []
+            try:
+                async for page in self.list_pages(
+                    collection, label_selector=label_selector, field_selector=field_selector
+                ):
+                    result.extend(page)
+            except Gone:
+                if attempt == 2:
+                    raise
+                continue
+            return result
+        raise AssertionError("unreachable")
+
+    # -- writes ------------------------------------------------------------------------
+
+    async def create(
+        self, collection: str, body: Mapping[str, Any], *, dry_run: bool = False
+    ) -> JSON:
+        """Create; a Conflict (reason AlreadyExists) if the name is taken."""
+        query = {"dryRun": "All"} if dry_run else None
+        created: JSON = await self.request("POST", collection, body=body, query=query)
+        return created
+
+    async def replace(self, path: str, body: Mapping[str, Any]) -> JSON:
+        """Replace (PUT); a stale ``metadata.resourceVersion`` in ``body`` is a Conflict."""
+        replaced: JSON = await self.request("PUT", path, body=body)
+        return replaced
+
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> JSON:
+        """An RFC 7386 merge patch: a None value removes the field."""
+        patched: JSON = await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        return patched
+
+    async def json_patch(self, path: str, operations: Sequence[Mapping[str, Any]]) -> JSON:
+        """An RFC 6902 JSON patch; a failing ``test`` operation is Invalid (422)."""
+        patched: JSON = await self.request(
+            "PATCH", path, body=list(operations), content_type=JSON_PATCH
+        )
+        return patched
+
+    async def apply(
+        self, path: str, body: Mapping[str, Any], *, field_manager: str, force: bool = False
+    ) -> JSON:
+        """Server-side apply of ``body`` (JSON is valid YAML) as ``field_manager``."""
+        query = {"fieldManager": field_manager}
+        if force:
+            query["force"] = "true"
+        applied: JSON = await self.request(
+            "PATCH", path, body=body, query=query, content_type=APPLY_PATCH
+        )
+        return applied
+
+    async def delete(
+        self,
+        path: str,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+        propagation: str | None = None,
+    ) -> JSON | None:
+        """Delete; the answer is the object (kept, Terminating, while it has finalizers) or
+        a Status. :class:`NotFound` if it was already gone; a precondition (``uid``,
+        ``resource_version``) that no longer holds is a Conflict."""
+        body: JSON = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        preconditions = {
+            key: value
+            for key, value in (("uid", uid), ("resourceVersion", resource_version))
+            if value
+        }
+        if preconditions:
+            body["preconditions"] = preconditions
+        if propagation:
+            body["propagationPolicy"] = propagation
+        answer: JSON | None = await self.request("DELETE", path, body=body)
+        return answer
