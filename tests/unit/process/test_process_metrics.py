@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
+import thunder_dra
 from thunder_dra.controllers.metrics import OperatorMetrics
-from thunder_dra.plugin.handler import ClaimSlots
 from thunder_dra.plugin.metrics import DaemonMetrics
 from thunder_dra.process.metrics import (
     NAME_PATTERN,
@@ -29,9 +31,7 @@ def served_by_the_operator() -> CollectorRegistry:
 
 
 def served_by_the_daemon() -> CollectorRegistry:
-    metrics = DaemonMetrics(CollectorRegistry())
-    ClaimSlots(4, metrics.registry)
-    return metrics.registry
+    return DaemonMetrics(CollectorRegistry()).registry
 
 
 @pytest.mark.parametrize("served", [served_by_the_operator, served_by_the_daemon])
@@ -43,6 +43,21 @@ def test_every_family_follows_the_scheme(served: Callable[[], CollectorRegistry]
     for family in registry.collect():
         if family.type == "histogram":
             assert family.name.endswith("_seconds"), family.name
+
+
+# A family made straight from the Prometheus client, wherever it is defined.
+_FAMILY_CALL = re.compile(r"\b(Counter|Gauge|Histogram|Summary)\(\s*\"([^\"]+)\"")
+
+
+def test_families_defined_anywhere_in_the_package_follow_the_scheme() -> None:
+    package = Path(thunder_dra.__file__).parent
+    found = {
+        (path.relative_to(package).as_posix(), match.group(2))
+        for path in package.rglob("*.py")
+        for match in _FAMILY_CALL.finditer(path.read_text())
+    }
+    assert ("thunder/telemetry.py", "thunder_dra_thunder_api_requests") in found
+    assert [(where, name) for where, name in found if not NAME_PATTERN.match(name)] == []
 
 
 def test_each_process_keeps_to_its_component() -> None:
