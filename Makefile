@@ -135,7 +135,6 @@ image-buildx: ## Multi-platform images with docker buildx, pushed (PLATFORMS=...
 sync-crds: $(STAMP) tools ## Copy crds/ into the chart, config/ and the bundle
 	cp crds/*.yaml $(CHART)/crds/
 	cp crds/*.yaml config/crd/bases/
-	cp config/crd/peering/clusterkopfpeerings.kopf.dev.yaml $(CHART)/crds/
 	$(PY) -m hack.bundle
 
 .PHONY: helm-lint
