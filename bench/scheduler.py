@@ -2,7 +2,8 @@
 
     python -m bench.scheduler [--nodes 500 --zones 10 --models 4 --gpus 256 --pods 200]
         [--layouts zone,node] [--request claim|extended] [--zone-affinity]
-        [--attributes operator|seed] [--selector operator|attribute-only]
+        [--attributes operator|seed]
+        [--selector operator|attribute-first|driver-first|attribute-only]
         [--slice-size 128] [--node-selector operator|zone-only]
         [--percentage-of-nodes-to-score N] [--scheduler-binary PATH]
         [--profile SECONDS] [--timeout 600] [--out DIR]
@@ -17,9 +18,10 @@ up front) or one GPU through the class's extended resource (`--request extended`
 scheduler makes the claim). Pods are created behind a scheduling gate, then all gates
 are lifted at once; a watch records when each pod gets its node. Reported: pods per
 second over the whole run and between the 10th and 90th percentile of bindings, the
-curve (pods bound per interval), the load average beside each figure, optionally a
-CPU profile of the scheduler (its /debug/pprof/profile, read with the admin client
-certificate, summarised with `go tool pprof`), and a check that every allocation
+curve (pods bound per `--interval`, and pods per second of each run of `--window`
+consecutive bindings), the load average beside each figure, optionally a CPU profile
+of the scheduler (its /debug/pprof/profile, read with the admin client certificate,
+summarised with `go tool pprof`), and a check that every allocation
 names a device of the pod's node's zone (zone pools) or of the pod's node.
 
 Every phase is bounded in time (`--timeout` for the scheduling phase): the benchmark
@@ -100,6 +102,9 @@ class RunResult:
     steady_pods_per_second: float = 0.0
     curve: list[int] = field(default_factory=list)
     curve_interval: float = 5.0
+    windows: list[float] = field(default_factory=list)
+    """Pods per second of each run of `window` consecutive bindings (the curve by pods)."""
+    window: int = 10
     scheduler_cpu_ms_per_pod: float = 0.0
     loadavg_before: str = ""
     loadavg_after: str = ""
@@ -304,6 +309,18 @@ def curve(times: list[float], t0: float, interval: float) -> list[int]:
     return buckets
 
 
+def windows(times: list[float], t0: float, size: int) -> list[float]:
+    """Pods per second of consecutive runs of `size` bindings, the first from the ungating."""
+    times = sorted(times)
+    rates: list[float] = []
+    start = t0
+    for end in range(size, len(times) + 1, size):
+        span = times[end - 1] - start
+        rates.append(round(size / span, 2) if span > 0 else 0.0)
+        start = times[end - 1]
+    return rates
+
+
 def run_layout(args: argparse.Namespace, layout: str, out: Path) -> RunResult:
     shape = Shape(args.nodes, args.zones, args.models, args.gpus)
     choices = DriverChoices(args.attributes, args.selector, args.slice_size, args.node_selector)
@@ -403,6 +420,8 @@ def run_layout(args: argparse.Namespace, layout: str, out: Path) -> RunResult:
         result.seconds, result.pods_per_second, result.steady_pods_per_second = rates(times, t0)
         result.curve_interval = args.interval
         result.curve = curve(times, t0, args.interval)
+        result.window = args.window
+        result.windows = windows(times, t0, args.window)
         result.allocation_check = check_allocations(
             custom, namespace, shape, dict(watcher.bound), inventory.layout
         )
@@ -422,7 +441,8 @@ def format_result(r: RunResult) -> str:
         f"{r.pods_per_second:.2f} pods/s (steady {r.steady_pods_per_second:.2f}), "
         f"scheduler CPU {r.scheduler_cpu_ms_per_pod:.1f} ms/pod; "
         f"load {r.loadavg_before} -> {r.loadavg_after}; {r.allocation_check}; "
-        f"curve/{r.curve_interval:.0f}s {r.curve}" + (f"; profile: {prof}" if prof else "")
+        f"curve/{r.curve_interval:.0f}s {r.curve}; pods/s per {r.window} pods {r.windows}"
+        + (f"; profile: {prof}" if prof else "")
     )
 
 
@@ -449,6 +469,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", type=int, default=0, help="seconds of CPU profile")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--interval", type=float, default=5.0, help="curve bucket, seconds")
+    parser.add_argument("--window", type=int, default=10, help="curve by pods: bindings per window")
     parser.add_argument(
         "--out", default=str(Path(tempfile.gettempdir()) / "thunder-bench-scheduler")
     )

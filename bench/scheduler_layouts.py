@@ -35,12 +35,15 @@ ATTRIBUTE_SETS: Final = ("operator", "seed")
 zone, the class selector then matching gpu_type (names the model exactly as Thunder
 spells it: only possible while every spelling fits an attribute and zones agree on it)."""
 
-SELECTORS: Final = ("operator", "attribute-first", "attribute-only")
-"""operator: driver == X && attribute == Y. attribute-first: attribute == Y && driver == X
-(same result: CEL's && is false if either side is false, even if the other side is an
-error, such as a missing attribute on another driver's device; a device of another model
-fails on the first test). attribute-only: the attribute test alone (measured only: it
-would match another driver's device that carries thundercompute.com attributes)."""
+SELECTORS: Final = ("operator", "attribute-first", "driver-first", "attribute-only")
+"""operator: the operator's own selector (deviceclasses.selector_expression, today
+attribute == Y && driver == X). attribute-first: attribute == Y && driver == X (same
+result as driver first: CEL's && is false if either side is false, even if the other
+side is an error, such as a missing attribute on another driver's device; a device of
+another model fails on the first test). driver-first: driver == X && attribute == Y,
+the selector of releases before the attribute-first order. attribute-only: the
+attribute test alone (measured only: it would match another driver's device that
+carries thundercompute.com attributes)."""
 
 NODE_SELECTORS: Final = ("operator", "zone-only")
 """operator: the zone and the daemon's node selector (kubernetes.io/os=linux).
@@ -158,9 +161,11 @@ def _class_manifest(
     else:
         test = f"device.attributes[{domain}].gpu_type_label == {json.dumps(desired.type_label)}"
     driver = f"device.driver == {json.dumps(desired.driver_name)}"
-    if choices.selector == "operator":
+    if choices.selector == "operator" and choices.attributes == "operator":
+        expression = desired.selector
+    elif choices.selector == "driver-first":
         expression = f"{driver} && {test}"
-    elif choices.selector == "attribute-first":
+    elif choices.selector in ("operator", "attribute-first"):
         expression = f"{test} && {driver}"
     else:
         expression = test
