@@ -24,7 +24,16 @@ from typing import Any, Final, Protocol
 from urllib.parse import urlencode
 
 from thunder_dra.kube.errors import Gone, KubeError, NotFound, Timeout, Unavailable, from_answer
-from thunder_dra.kube.resources import resource_of
+from thunder_dra.kube.resources import (
+    CLIENTS,
+    EVENTS,
+    NODES,
+    PODS,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    SECRETS,
+    resource_of,
+)
 
 JSON = dict[str, Any]
 
@@ -90,7 +99,11 @@ def _encode(body: Any) -> bytes | None:
 
 
 class KubeClient:
-    """Async access to the apiserver with dict bodies; one per process."""
+    """Async access to the apiserver with dict bodies; one per process.
+
+    The generic calls take an API path (see :mod:`thunder_dra.kube.resources`); the
+    typed ones at the end name the objects the daemon reads and writes.
+    """
 
     def __init__(
         self,
@@ -296,7 +309,7 @@ class KubeClient:
         uid: str | None = None,
         resource_version: str | None = None,
         propagation: str | None = None,
-    ) -> JSON | None:
+    ) -> JSON:
         """Delete; the answer is the object (kept, Terminating, while it has finalizers) or
         a Status. :class:`NotFound` if it was already gone; a precondition (``uid``,
         ``resource_version``) that no longer holds is a Conflict."""
@@ -310,5 +323,67 @@ class KubeClient:
             body["preconditions"] = preconditions
         if propagation:
             body["propagationPolicy"] = propagation
-        answer: JSON | None = await self.request("DELETE", path, body=body)
+        answer: JSON = await self.request("DELETE", path, body=body) or {}
         return answer
+
+    # -- the objects the daemon reads and writes -----------------------------------------
+
+    async def get_node(self, name: str) -> JSON:
+        return await self.get(NODES.item(name))
+
+    async def get_pod(self, namespace: str, name: str) -> JSON:
+        return await self.get(PODS.item(name, namespace))
+
+    async def get_claim(self, namespace: str, name: str) -> JSON:
+        return await self.get(RESOURCE_CLAIMS.item(name, namespace))
+
+    async def list_slices(self, *, driver: str, label_selector: str) -> list[JSON]:
+        """This driver's ResourceSlices matching ``label_selector``."""
+        return await self.list_all(
+            RESOURCE_SLICES.collection(),
+            label_selector=label_selector,
+            field_selector=f"spec.driver={driver}",
+        )
+
+    async def get_secret(self, namespace: str, name: str) -> JSON:
+        return await self.get(SECRETS.item(name, namespace))
+
+    async def create_secret(self, namespace: str, body: Mapping[str, Any]) -> JSON:
+        return await self.create(SECRETS.collection(namespace), body)
+
+    async def replace_secret(self, namespace: str, name: str, body: Mapping[str, Any]) -> JSON:
+        return await self.replace(SECRETS.item(name, namespace), body)
+
+    async def delete_secret(self, namespace: str, name: str, uid: str | None = None) -> None:
+        await self.delete(SECRETS.item(name, namespace), uid=uid)
+
+    async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
+        await self.create(EVENTS.collection(namespace), body)
+
+    async def list_clients(self, *, label_selector: str) -> list[JSON]:
+        """Clients in every namespace matching ``label_selector``."""
+        return await self.list_all(CLIENTS.collection(), label_selector=label_selector)
+
+    async def get_client(self, namespace: str, name: str) -> JSON:
+        return await self.get(CLIENTS.item(name, namespace))
+
+    async def create_client(self, namespace: str, body: Mapping[str, Any]) -> JSON:
+        return await self.create(CLIENTS.collection(namespace), body)
+
+    async def patch_client(self, namespace: str, name: str, patch: Mapping[str, Any]) -> JSON:
+        return await self.merge_patch(CLIENTS.item(name, namespace), patch)
+
+    async def patch_client_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> JSON:
+        return await self.merge_patch(CLIENTS.item(name, namespace, "status"), {"status": status})
+
+    async def json_patch_client(
+        self, namespace: str, name: str, operations: Sequence[Mapping[str, Any]]
+    ) -> JSON:
+        return await self.json_patch(CLIENTS.item(name, namespace), operations)
+
+    async def delete_client(self, namespace: str, name: str) -> JSON:
+        """Delete; the answer is the Client (still there, Terminating, while it has
+        finalizers) or a Status (it is gone)."""
+        return await self.delete(CLIENTS.item(name, namespace))

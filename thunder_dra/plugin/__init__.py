@@ -10,7 +10,7 @@ responsibility:
   unix sockets) and ``handler`` (per-claim locks, the cross-instance file lock);
 - claims: ``allocation`` (a claim's allocation to zone, model and count),
   ``prepare``, ``unprepare``, ``repair``, ``rollback``, ``records`` (Client resources
-  and VM Secrets), ``kubeapi``;
+  and VM Secrets; Kubernetes calls go through ``thunder_dra.kube.client``);
 - node enrollment: ``enrollment`` and ``thunderd`` (keeping it healthy);
 - files: ``cdi`` (CDI specs), ``checkpoint`` (prepared claims), ``journal`` (the mint
   journal), ``libcache`` and ``library`` (the libthunder cache), ``clientconfig`` (a

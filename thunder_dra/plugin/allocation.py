@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from thunder_dra.kube import naming
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.errors import KubeError
 from thunder_dra.plugin.cdi import qualified_device_id
 from thunder_dra.plugin.checkpoint import Consumer, PreparedDevice
-from thunder_dra.plugin.kubeapi import KubeApi, KubeError
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.thunder import ThunderClient, ThunderError
 
@@ -230,7 +231,7 @@ class PoolResolver:
 
     def __init__(
         self,
-        kube: KubeApi,
+        kube: KubeClient,
         driver: str,
         *,
         ttl: float = 60.0,

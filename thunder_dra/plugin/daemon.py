@@ -17,7 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from thunder_dra import fsutil
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.errors import KubeError
 from thunder_dra.kube.provenance import ProvenanceKey
+from thunder_dra.kube.transport import build_client
 from thunder_dra.plugin.allocation import PoolResolver, ZoneIds
 from thunder_dra.plugin.cdi import CdiSpecStore
 from thunder_dra.plugin.checkpoint import CheckpointStore, CheckpointVersionError
@@ -26,7 +29,6 @@ from thunder_dra.plugin.crashpoints import CrashPoints
 from thunder_dra.plugin.enrollment import NodeEnroller
 from thunder_dra.plugin.handler import ClaimService, ClaimSlots
 from thunder_dra.plugin.hostrunner import HostNamespaceRunner, HostRunner, LocalRunner
-from thunder_dra.plugin.kubeapi import KubeApi, KubeError, load_api_client
 from thunder_dra.plugin.libcache import LibthunderCache
 from thunder_dra.plugin.library import LibraryProvider
 from thunder_dra.plugin.locks import KeyedLocks, NodeSerializeLock
@@ -43,6 +45,7 @@ from thunder_dra.process.health import HealthServer
 from thunder_dra.process.logs import SecretScrubber
 from thunder_dra.process.tracing import DAEMON_SERVICE, configure_tracing
 from thunder_dra.thunder import ArtifactFetcher, RetryPolicy, ThunderClient
+from thunder_dra.version import user_agent
 
 IO_THREADS = 32
 NODE_READ_ATTEMPTS = 10
@@ -61,7 +64,7 @@ def make_runner(config: DaemonConfig) -> HostRunner:
     return HostNamespaceRunner()
 
 
-async def read_node(kube: KubeApi, config: DaemonConfig) -> NodeInfo:
+async def read_node(kube: KubeClient, config: DaemonConfig) -> NodeInfo:
     delay = 0.5
     for attempt in range(1, NODE_READ_ATTEMPTS + 1):
         try:
@@ -105,8 +108,11 @@ class Daemon:
 
     async def _start(self) -> tuple[PluginServer, HealthServer, ClaimService]:
         cfg = self.config
-        kube = KubeApi(load_api_client(cfg.kubeconfig), timeout=cfg.kube_timeout)
+        kube = build_client(
+            cfg.kubeconfig, user_agent=user_agent("daemon"), timeout=cfg.kube_timeout
+        )
         self._closers.append(kube.close)
+        await kube.open()
         node = await read_node(kube, cfg)
         runner = make_runner(cfg)
         self.metrics.serving_node.set(1 if node.serving else 0)

@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 from opentelemetry.trace import Status, StatusCode, Tracer
 from prometheus_client import CollectorRegistry, Gauge
 
+from thunder_dra.kube.errors import KubeError
 from thunder_dra.plugin.allocation import ClaimError
 from thunder_dra.plugin.checkpoint import CheckpointStore, ClaimRef, ClaimState, PreparedClaim
-from thunder_dra.plugin.kubeapi import KubeError
 from thunder_dra.plugin.locks import KeyedLocks, NodeSerializeLock
 from thunder_dra.plugin.metrics import DaemonMetrics, ErrorReason
 from thunder_dra.plugin.prepare import Preparer

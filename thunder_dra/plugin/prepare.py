@@ -32,6 +32,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from thunder_dra.kube import errors as kube_errors
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.errors import KubeError
 from thunder_dra.plugin.allocation import (
     ClaimError,
     PoolResolver,
@@ -64,7 +67,6 @@ from thunder_dra.plugin.journal import (
     MintPurpose,
     MintRole,
 )
-from thunder_dra.plugin.kubeapi import KubeApi, KubeError, KubeNotFound
 from thunder_dra.plugin.library import LibraryProvider
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.plugin.records import Records
@@ -78,7 +80,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class PrepareDeps:
     config: DaemonConfig
-    kube: KubeApi
+    kube: KubeClient
     thunder: ThunderClient
     journal: MintJournal
     checkpoint: CheckpointStore
@@ -111,7 +113,7 @@ class Preparer:
         d = self.d
         try:
             resource_claim = await d.kube.get_claim(ref.namespace, ref.name)
-        except KubeNotFound:
+        except kube_errors.NotFound:
             raise ClaimError("the ResourceClaim does not exist") from None
         except KubeError as err:
             raise ClaimError(str(err), ErrorReason.KUBERNETES) from None
@@ -138,7 +140,7 @@ class Preparer:
             return Consumer(kind="pod", name="")
         try:
             pod = await self.d.kube.get_pod(ref.namespace, pods[0])
-        except KubeNotFound:
+        except kube_errors.NotFound:
             log.warning(
                 "the pod the claim is reserved for is gone; preparing for a pod",
                 extra={"claim_uid": ref.uid, "pod": pods[0]},

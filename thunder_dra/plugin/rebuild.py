@@ -39,6 +39,8 @@ from typing import Any
 
 from thunder_dra.api import ClaimReference, ConsumerKind
 from thunder_dra.kube import naming
+from thunder_dra.kube.client import JSON
+from thunder_dra.kube.errors import KubeError, NotFound
 from thunder_dra.plugin.allocation import ClaimError, parse_claim
 from thunder_dra.plugin.cdi import LIBTHUNDER_CONTAINER_PATH
 from thunder_dra.plugin.checkpoint import (
@@ -51,7 +53,6 @@ from thunder_dra.plugin.checkpoint import (
 from thunder_dra.plugin.clientconfig import CONFIG_FILE_NAME, claim_dir
 from thunder_dra.plugin.guest import guest_secret_name
 from thunder_dra.plugin.journal import MintJournal
-from thunder_dra.plugin.kubeapi import JSON, KubeError, KubeNotFound
 from thunder_dra.plugin.locks import KeyedLocks
 from thunder_dra.plugin.prepare import PrepareDeps
 from thunder_dra.plugin.unprepare import Unpreparer
@@ -197,7 +198,7 @@ class Rebuilder:
         for namespace, uid in sorted(candidates):
             try:
                 records.append(await d.kube.get_client(namespace, f"claim-{uid}"))
-            except KubeNotFound:
+            except NotFound:
                 continue
         return records
 
@@ -236,7 +237,7 @@ class Rebuilder:
         d = self.d
         try:
             claim = await d.kube.get_claim(ref.namespace, ref.name)
-        except KubeNotFound:
+        except NotFound:
             return None
         try:
             allocation = parse_claim(claim, ref.uid, d.config.driver_name)

@@ -29,7 +29,6 @@ import base64
 import logging
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
 
 from thunder_dra.api import (
     API_VERSION,
@@ -43,9 +42,11 @@ from thunder_dra.api import (
 from thunder_dra.api.constants import CLIENT_KIND, DOMAIN
 from thunder_dra.kube import naming, provenance
 from thunder_dra.kube.admissionpolicy import ANNOTATION_NODE_NAME, LABEL_CLAIM_UID
+from thunder_dra.kube.client import JSON, KubeClient
+from thunder_dra.kube.errors import Conflict, Forbidden, Invalid, KubeError, NotFound
+from thunder_dra.kube.resources import CLIENTS, SECRETS
 from thunder_dra.plugin.checkpoint import PreparedClaim
 from thunder_dra.plugin.guest import GUEST_SCRIPT_KEY, GUEST_TOKEN_KEY, guest_secret_name
-from thunder_dra.plugin.kubeapi import JSON, KubeApi, KubeConflict, KubeError, KubeNotFound
 from thunder_dra.thunder import Secret
 
 ANNOTATION_TOKEN_ID = f"{DOMAIN}/enrollment-token-id"
@@ -99,7 +100,7 @@ def _token_id_of(client: JSON) -> str:
 
 class Records:
     def __init__(
-        self, kube: KubeApi, node_name: str, provenance_key: provenance.ProvenanceKey
+        self, kube: KubeClient, node_name: str, provenance_key: provenance.ProvenanceKey
     ) -> None:
         self._kube = kube
         self._node = node_name
@@ -111,7 +112,7 @@ class Records:
         """Create (or bring up to date) the claim's Client, then set its status."""
         try:
             await self._kube.create_client(claim.namespace, self._client_body(claim))
-        except KubeConflict:
+        except Conflict:
             await self._adopt(claim)
         await self._kube.patch_client_status(
             claim.namespace, client_name(claim.uid), client_status(claim)
@@ -172,7 +173,7 @@ class Records:
     async def get_client(self, namespace: str, claim_uid: str) -> JSON | None:
         try:
             return await self._kube.get_client(namespace, client_name(claim_uid))
-        except KubeNotFound:
+        except NotFound:
             return None
 
     async def delete_client(
@@ -192,7 +193,7 @@ class Records:
         # next unprepare (or the reaper) finishes, never a record without its finalizer.
         try:
             answer = await self._kube.delete_client(namespace, name)
-        except KubeNotFound:
+        except NotFound:
             return False
         if answer.get("kind") != CLIENT_KIND:
             return True  # a Status: gone at once (no finalizer left)
@@ -211,7 +212,7 @@ class Records:
                     {"op": "remove", "path": path},
                 ],
             )
-        except KubeNotFound:
+        except NotFound:
             return True
         except KubeError:
             await self._release_finalizer(namespace, name)
@@ -221,7 +222,7 @@ class Records:
         for _ in range(_FINALIZER_RETRIES):
             try:
                 current = await self._kube.get_client(namespace, name)
-            except KubeNotFound:
+            except NotFound:
                 return
             metadata = current.get("metadata") or {}
             finalizers = list(metadata.get("finalizers") or [])
@@ -237,11 +238,17 @@ class Records:
             try:
                 await self._kube.patch_client(namespace, name, patch)
                 return
-            except KubeNotFound:
+            except NotFound:
                 return
-            except KubeConflict:
+            except Conflict:
                 continue
-        raise KubeError(f"remove finalizer of Client {namespace}/{name}", 409, "kept changing")
+        raise Conflict(
+            "PATCH",
+            CLIENTS.item(name, namespace),
+            409,
+            "Conflict",
+            f"the finalizers of Client {namespace}/{name} kept changing",
+        )
 
     # KubeVirt guest Secrets
 
@@ -283,19 +290,19 @@ class Records:
         }
         try:
             await self._kube.create_secret(namespace, body)
-        except KubeConflict:
+        except Conflict:
             # One left by an earlier attempt for this claim on this node: replaced as a
             # whole. Admission refuses the replace of any other Secret of that name.
             try:
                 await self._kube.replace_secret(namespace, name, body)
-            except KubeError as err:
-                if err.status != 403:
-                    raise
-                raise KubeError(
-                    f"replace Secret {namespace}/{name}",
-                    403,
+            except Forbidden as err:
+                raise Forbidden(
+                    err.method,
+                    err.path,
+                    err.status,
+                    err.reason,
                     f"a Secret of that name exists and was not made for claim {claim_uid} "
-                    f"on node {self._node} ({err.reason})",
+                    f"on node {self._node} ({err.message})",
                 ) from None
         return name
 
@@ -307,7 +314,6 @@ class Records:
         A JSON patch of nothing but ``test`` operations: it changes nothing and answers
         with the object, or fails if a label or annotation differs. Admission checks it
         like any write, so a Secret its node did not make is refused, not shown."""
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/secrets/{quote(name, safe='')}"
         tests: list[dict[str, Any]] = [
             {
                 "op": "test",
@@ -324,26 +330,19 @@ class Records:
                 }
             )
         try:
-            answer = await self._kube.request(
-                "PATCH",
-                path,
-                body=tests,
-                content_type="application/json-patch+json",
-                what=f"look up Secret {namespace}/{name}",
-            )
-        except KubeNotFound:
+            return await self._kube.json_patch(SECRETS.item(name, namespace), tests)
+        except NotFound:
             return None
-        except KubeError as err:
-            if err.status == 403:
-                log.warning(
-                    "a setup Secret of that name exists but was not made on this node",
-                    extra={"namespace": namespace, "secret": name, "error": err.reason},
-                )
-                return None
+        except Forbidden as err:
+            log.warning(
+                "a setup Secret of that name exists but was not made on this node",
+                extra={"namespace": namespace, "secret": name, "error": err.message},
+            )
+            return None
+        except Invalid as err:
             if err.status == 422:
                 return None  # a test failed: there, but for another claim or enrollment
             raise
-        return answer
 
     async def guest_secret_exists(self, namespace: str, claim_name: str, claim_uid: str) -> bool:
         name = guest_secret_name(claim_name)
@@ -357,20 +356,14 @@ class Records:
         if existing is None:
             return False
         metadata = existing.get("metadata") or {}
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/secrets/{quote(name, safe='')}"
         # Exactly the version just checked: a later attempt's replacement is kept.
-        preconditions = {
-            "uid": metadata.get("uid"),
-            "resourceVersion": metadata.get("resourceVersion"),
-        }
         try:
-            await self._kube.request(
-                "DELETE",
-                path,
-                body={"preconditions": preconditions},
-                what=f"delete Secret {namespace}/{name}",
+            await self._kube.delete(
+                SECRETS.item(name, namespace),
+                uid=metadata.get("uid"),
+                resource_version=metadata.get("resourceVersion"),
             )
-        except (KubeNotFound, KubeConflict):
+        except (NotFound, Conflict):
             return False
         return True
 

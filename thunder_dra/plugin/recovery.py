@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from thunder_dra import fsutil
+from thunder_dra.kube.errors import KubeError
 from thunder_dra.plugin.allocation import ClaimError
 from thunder_dra.plugin.checkpoint import CheckpointStore, ClaimState
 from thunder_dra.plugin.journal import JournalCorruptError, JournalEntry, MintJournal
-from thunder_dra.plugin.kubeapi import KubeError
 from thunder_dra.plugin.libcache import LibthunderCache
 from thunder_dra.plugin.locks import InstanceLock, KeyedLocks, NodeSerializeLock
 from thunder_dra.plugin.metrics import ErrorReason

@@ -11,9 +11,10 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.testing import FakeKube
 from thunder_dra.plugin.allocation import ClaimError, PoolResolver, SingleFlight, ZoneIds
 from thunder_dra.plugin.handler import ClaimSlots
-from thunder_dra.plugin.kubeapi import KubeApi
 from thunder_dra.plugin.recovery import SWEEP_MAX_BACKOFF_INTERVALS, sweep_delay
 from thunder_dra.thunder import ThunderClient
 
@@ -70,8 +71,9 @@ async def test_an_unknown_zone_is_a_claim_error() -> None:
         await zones.resolve("nowhere")
 
 
-class _Slices(KubeApi):
+class _Slices(KubeClient):
     def __init__(self) -> None:
+        super().__init__(FakeKube())
         self.calls = 0
 
     async def list_slices(self, *, driver: str, label_selector: str) -> list[dict[str, Any]]:
