@@ -131,8 +131,6 @@ class SocketPaths:
 @dataclass
 class RegistrationState:
     registered: bool = False
-    error: str = ""
-    notifications: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -196,8 +194,7 @@ class PluginServer:
 
     def _status(self, registered: bool, error: str) -> None:
         state = self.registration
-        state.registered, state.error = registered, error
-        state.notifications += 1
+        state.registered = registered
         state.changed.set()
         if registered:
             log.info("registered with the kubelet", extra={"driver": self.driver})
