@@ -623,7 +623,7 @@ def test_the_operator_applies_the_policies_with_the_bundles_rights(
     k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
         config_file=str(kubeconfig), client_configuration=configuration
     )
-    operator_kube = OperatorKube(configuration, OperatorMetrics(CollectorRegistry(), process=False))
+    operator_kube = OperatorKube(configuration, OperatorMetrics(CollectorRegistry()))
     names = identity.policy_names()
     try:
         first = asyncio.run(apply_policies(operator_kube, identity))
