@@ -1,0 +1,48 @@
+"""Crash points for the daemon's claim lifecycle tests (Kubernetes is faked by
+:class:`thunder_dra.kube.testing.FakeKube`, Thunder by :mod:`hack.fake_thunder`).
+
+:class:`CrashAt` is a :class:`CrashPoints` whose crash raises :class:`Crashed` instead of
+ending the process: being a ``BaseException``, it passes every ``except Exception`` the
+way a SIGKILL skips every handler, so no rollback runs and what was written stays.
+"""
+
+from __future__ import annotations
+
+from thunder_dra.plugin.crashpoints import ALL_STEPS, CrashPoints
+
+
+class Crashed(BaseException):
+    """The daemon "died" at ``step``."""
+
+    def __init__(self, step: str) -> None:
+        super().__init__(step)
+        self.step = step
+
+
+class CrashAt(CrashPoints):
+    def __init__(self, step: str, occurrence: int = 1) -> None:
+        if step not in ALL_STEPS:
+            raise ValueError(f"unknown crash point {step!r}")
+        super().__init__(step, occurrence)
+        self._target = step
+        self._remaining = occurrence
+        self.reached_steps: list[str] = []
+
+    def reached(self, step: str) -> None:
+        self.reached_steps.append(step)
+        if step != self._target:
+            return
+        self._remaining -= 1
+        if self._remaining == 0:
+            raise Crashed(step)
+
+
+class Recording(CrashPoints):
+    """Unarmed; remembers the steps reached, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached_steps: list[str] = []
+
+    def reached(self, step: str) -> None:
+        self.reached_steps.append(step)

@@ -1,0 +1,378 @@
+"""One node's daemon parts, assembled in-process for the claim lifecycle tests.
+
+:class:`World` is what outlives a daemon process: the fake Thunder service (in memory,
+answering through its httpx transport, so no socket is opened), the fake apiserver
+(:class:`thunder_dra.kube.testing.FakeKube` behind the daemon's real
+:class:`thunder_dra.kube.client.KubeClient`) and the node's directories. Each
+:meth:`World.start` assembles a fresh daemon from them the way ``Daemon._start`` does
+(checkpoint, journal, records, CDI, library cache, preparer, repairer, unpreparer,
+recovery, the kubelet-facing claim service), so a test can "kill" one mid-step
+(:class:`tests.unit.plugin.fakes.CrashAt`) and start the next on the same state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.trace import NoOpTracer
+from prometheus_client import CollectorRegistry
+
+from hack.fake_thunder.audit import audit
+from hack.fake_thunder.service import FakeThunder
+from thunder_dra.api import ClaimReference
+from thunder_dra.kube import naming
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.provenance import ProvenanceKey
+from thunder_dra.kube.resources import CLIENTS, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, SECRETS
+from thunder_dra.kube.testing import FakeKube, parse_path
+from thunder_dra.plugin.allocation import PoolResolver, ZoneIds
+from thunder_dra.plugin.cdi import CdiSpecStore
+from thunder_dra.plugin.checkpoint import CheckpointStore, CheckpointWriter, write_file
+from thunder_dra.plugin.config import DaemonConfig
+from thunder_dra.plugin.crashpoints import CrashPoints
+from thunder_dra.plugin.handler import ClaimService, ClaimSlots
+from thunder_dra.plugin.libcache import LibthunderCache
+from thunder_dra.plugin.library import LibraryProvider
+from thunder_dra.plugin.locks import KeyedLocks, NodeSerializeLock
+from thunder_dra.plugin.metrics import DaemonMetrics
+from thunder_dra.plugin.prepare import PrepareDeps, Preparer
+from thunder_dra.plugin.records import Records
+from thunder_dra.plugin.recovery import InstanceJournal, Recovery
+from thunder_dra.plugin.repair import Repairer
+from thunder_dra.plugin.rollback import Undo
+from thunder_dra.plugin.unprepare import Unpreparer
+from thunder_dra.process.logs import SecretScrubber
+from thunder_dra.thunder import ArtifactFetcher, RetryPolicy, Secret, ThunderClient
+
+DRIVER = "thundercompute.com"
+NODE = "node-1"
+NAMESPACE = "team-a"
+API_TOKEN = "tcapi_lifecycle_test_token"
+# Answered by the fake's transport: nothing is sent anywhere.
+BASE_URL = "http://127.0.0.1:9"
+ZONE = "US East"
+MODEL = "A6000"
+POOL = "us-east/a6000"
+FAST_RETRY = RetryPolicy(max_attempts=2, initial_backoff=0.001, max_backoff=0.002, budget=5.0)
+
+
+@dataclass
+class Daemon:
+    """One daemon instance's parts."""
+
+    config: DaemonConfig
+    thunder: ThunderClient
+    fetcher: ArtifactFetcher
+    checkpoint: CheckpointStore
+    preparer: Preparer
+    repairer: Repairer
+    unpreparer: Unpreparer
+    recovery: Recovery
+    service: ClaimService
+    own: InstanceJournal
+    metrics: DaemonMetrics
+    abandoned: set[str]
+    executor: ThreadPoolExecutor
+
+    async def prepare(self, *refs: ClaimReference) -> dict[str, Any]:
+        """NodePrepareResources: per UID, the prepared claim or the error message."""
+        return dict(await self.service.prepare(list(refs)))
+
+    async def unprepare(self, *refs: ClaimReference) -> dict[str, str]:
+        return await self.service.unprepare(list(refs))
+
+    async def stop(self) -> None:
+        """A clean exit."""
+        await self.service.drain()
+        await self._release()
+
+    async def kill(self) -> None:
+        """What SIGKILL does: every other task of the daemon stops where it is, without
+        running its error handling (a cancellation is no ``Exception``), writes already
+        handed to a thread complete or not at all (atomic), and the kernel releases the
+        instance lock."""
+        current = asyncio.current_task()
+        others = [t for t in asyncio.all_tasks() if t is not current]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        self.executor.shutdown(wait=True)  # blocking, briefly: nothing else runs now
+        await self._release()
+
+    async def _release(self) -> None:
+        self.own.lock.release()
+        await self.thunder.aclose()
+        await self.fetcher.aclose()
+
+
+@dataclass
+class World:
+    """What outlives a daemon: Thunder, the apiserver and the node's directories."""
+
+    root: Path
+    thunder: FakeThunder = field(default_factory=lambda: FakeThunder(api_tokens=[API_TOKEN]))
+    kube: FakeKube = field(default_factory=FakeKube)
+    zone_id: str = ""
+    api: KubeClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.api = KubeClient(self.kube)
+        self.zone_id = self.thunder.state.add_zone(ZONE).zone_id
+        self.kube.put(
+            RESOURCE_SLICES.collection(),
+            {
+                "metadata": {
+                    "name": "us-east-a6000-0",
+                    "labels": {
+                        **naming.component_labels(naming.COMPONENT_RESOURCE_INVENTORY),
+                        naming.LABEL_GPU_TYPE: "a6000",
+                    },
+                    "annotations": {
+                        naming.ANNOTATION_ZONE: ZONE,
+                        naming.ANNOTATION_GPU_TYPE: MODEL,
+                    },
+                },
+                "spec": {"driver": DRIVER, "pool": {"name": POOL, "generation": 1}, "devices": []},
+            },
+        )
+
+    # Workloads
+
+    def claim(
+        self, name: str, *, devices: int = 1, pod: str | None = None, vm: bool = False
+    ) -> ClaimReference:
+        """An allocated ResourceClaim reserved for a pod (a virt-launcher pod if ``vm``)."""
+        pod = pod or f"{name}-pod"
+        stored = self.kube.put(
+            RESOURCE_CLAIMS.collection(NAMESPACE),
+            {
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "spec": {"devices": {"requests": [{"name": "gpu"}]}},
+                "status": {
+                    "allocation": {
+                        "devices": {
+                            "results": [
+                                {
+                                    "request": "gpu",
+                                    "driver": DRIVER,
+                                    "pool": POOL,
+                                    "device": f"a6000-{n}",
+                                }
+                                for n in range(devices)
+                            ]
+                        }
+                    },
+                    "reservedFor": [{"resource": "pods", "name": pod, "uid": f"{pod}-uid"}],
+                },
+            },
+        )
+        labels = {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": f"{name}-vm"} if vm else {}
+        self.kube.put(PODS.collection(NAMESPACE), {"metadata": {"name": pod, "labels": labels}})
+        return ClaimReference(namespace=NAMESPACE, name=name, uid=stored["metadata"]["uid"])
+
+    def claim_object(self, ref: ClaimReference) -> dict[str, Any]:
+        """The stored ResourceClaim itself, to edit in place."""
+        return self.kube.objects[parse_path(RESOURCE_CLAIMS.item(ref.name, ref.namespace)).key]
+
+    def delete_claim(self, ref: ClaimReference) -> None:
+        del self.kube.objects[parse_path(RESOURCE_CLAIMS.item(ref.name, ref.namespace)).key]
+
+    def of_collection(self, collection: str) -> list[dict[str, Any]]:
+        api, plural = parse_path(collection).key[:2]
+        return [
+            o for (a, p, _, _), o in sorted(self.kube.objects.items()) if (a, p) == (api, plural)
+        ]
+
+    # The daemon
+
+    def config(self, instance: str) -> DaemonConfig:
+        return DaemonConfig(
+            driver_name=DRIVER,
+            node_name=NODE,
+            instance_id=instance,
+            api_url=BASE_URL,
+            artifact_base_url=f"{BASE_URL}/artifacts",
+            telemetry_url="https://telemetry.example.invalid:2096",
+            plugin_dir_root=self.root / "plugins",
+            registry_dir=self.root / "plugins_registry",
+            cdi_dir=self.root / "cdi",
+            state_dir=self.root / "state",
+            min_driver_version=0,
+            thunderd_port_range=None,
+            advertised_ip_label="thundercompute.com/advertised-ip",
+            health_address="127.0.0.1",
+            health_port=0,
+            host_runner="local",
+            host_root=self.root / "host",
+            host_path_prefix=(),
+            host_env={},
+            log_level="debug",
+            log_format="text",
+            api_token=Secret(API_TOKEN),
+        )
+
+    async def start(
+        self,
+        *,
+        crash: CrashPoints | None = None,
+        instance: str = "instance-1",
+        checkpoint_writer: CheckpointWriter = write_file,
+        recover: bool = True,
+    ) -> Daemon:
+        cfg = self.config(instance)
+        # The daemon's own worker threads, so a kill can wait for what they were writing.
+        executor = ThreadPoolExecutor(8, thread_name_prefix=f"{instance}-io")
+        asyncio.get_running_loop().set_default_executor(executor)
+        crash = crash if crash is not None else CrashPoints()
+        registry = CollectorRegistry()
+        metrics = DaemonMetrics(registry)
+        transport = self.thunder.transport()
+        thunder = ThunderClient(
+            api_token=cfg.api_token,
+            component="daemon",
+            base_url=cfg.api_url,
+            transport=transport,
+            retry=FAST_RETRY,
+            exchange_retry=FAST_RETRY,
+            registry=registry,
+        )
+        fetcher = ArtifactFetcher(
+            component="daemon", transport=transport, retry=FAST_RETRY, registry=registry
+        )
+        own = InstanceJournal(cfg.journal_root, instance)
+        assert own.lock.try_acquire(), f"instance {instance} is still running"
+        cache = LibthunderCache(
+            cfg.library_cache_dir, lambda url, dest, sha: fetcher.download_library(url, sha, dest)
+        )
+        checkpoint = CheckpointStore(cfg.checkpoint_dir, writer=checkpoint_writer)
+        cdi = CdiSpecStore(cfg.cdi_dir)
+        records = Records(self.api, NODE, ProvenanceKey(cfg.api_token))
+        undo = Undo(
+            thunder=thunder,
+            cdi=cdi,
+            claims_root=cfg.claims_dir,
+            records=records,
+            checkpoint=checkpoint,
+            metrics=metrics,
+        )
+        abandoned: set[str] = set()
+        deps = PrepareDeps(
+            config=cfg,
+            kube=self.api,
+            thunder=thunder,
+            journal=own.journal,
+            checkpoint=checkpoint,
+            cdi=cdi,
+            library=LibraryProvider(fetcher, cache, cfg.installer_url),
+            records=records,
+            undo=undo,
+            pools=PoolResolver(self.api, DRIVER),
+            zones=ZoneIds(thunder),
+            crash=crash,
+            scrubber=SecretScrubber(),
+            abandoned=abandoned,
+        )
+        preparer = Preparer(deps)
+        repairer = Repairer(preparer)
+        unpreparer = Unpreparer(
+            node_name=NODE, checkpoint=checkpoint, records=records, undo=undo, crash=crash
+        )
+        claim_locks = KeyedLocks()
+        recovery: Recovery | None = None
+
+        async def reload() -> None:
+            assert recovery is not None
+            await recovery.load_checkpoint()
+
+        node_lock = NodeSerializeLock(cfg.serialize_lock, reload)
+        recovery = Recovery(
+            own=own,
+            journal_root=cfg.journal_root,
+            checkpoint=checkpoint,
+            undo=undo,
+            preparer=preparer,
+            repairer=repairer,
+            unpreparer=unpreparer,
+            cache=cache,
+            node_lock=node_lock,
+            claim_locks=claim_locks,
+            abandoned=abandoned,
+        )
+        if recover:
+            await recovery.startup()
+        service = ClaimService(
+            preparer=preparer,
+            repairer=repairer,
+            unpreparer=unpreparer,
+            checkpoint=checkpoint,
+            records=records,
+            node_lock=node_lock,
+            claim_locks=claim_locks,
+            metrics=metrics,
+            tracer=NoOpTracer(),
+            slots=ClaimSlots(4, registry),
+        )
+        return Daemon(
+            config=cfg,
+            thunder=thunder,
+            fetcher=fetcher,
+            checkpoint=checkpoint,
+            preparer=preparer,
+            repairer=repairer,
+            unpreparer=unpreparer,
+            recovery=recovery,
+            service=service,
+            own=own,
+            metrics=metrics,
+            abandoned=abandoned,
+            executor=executor,
+        )
+
+    # What a user would check
+
+    def leaks(self) -> list[dict[str, Any]]:
+        """Enrollments Thunder still holds that nothing can use or revoke (the audit)."""
+        found = audit(self.thunder.state)
+        return [*found["leaks"], *found["orphanClients"]]
+
+    def live_clients(self) -> list[str]:
+        return sorted(
+            c.client_id for c in self.thunder.state.clients.values() if c.decommissioned_at is None
+        )
+
+    def live_tokens(self) -> list[str]:
+        return sorted(
+            t.token_id for t in self.thunder.state.tokens.values() if t.revoked_at is None
+        )
+
+    def client_records(self) -> list[dict[str, Any]]:
+        return self.of_collection(CLIENTS.collection(NAMESPACE))
+
+    def secrets(self) -> list[dict[str, Any]]:
+        return self.of_collection(SECRETS.collection(NAMESPACE))
+
+    def node_files(self) -> list[str]:
+        """Claim files left on the node: claim directories and CDI specs."""
+        found: list[str] = []
+        for directory in (self.root / "state" / "claims", self.root / "cdi"):
+            if directory.is_dir():
+                found += sorted(str(p.relative_to(self.root)) for p in directory.iterdir())
+        return found
+
+    def open_journal_entries(self) -> list[str]:
+        root = self.root / "state" / "journal"
+        if not root.is_dir():
+            return []
+        return sorted(str(p.relative_to(root)) for p in root.glob("*/*.json"))
+
+    def checkpoint_claims(self) -> dict[str, Any]:
+        path = self.root / "state" / "checkpoint.json"
+        if not path.exists():
+            return {}
+        claims: dict[str, Any] = json.loads(path.read_bytes())["payload"]["claims"]
+        return claims

@@ -1,0 +1,225 @@
+"""The claim lifecycle in-process: prepare, repeat, unprepare, with fake Kubernetes and the
+fake Thunder service, and each prepare step's failure rolled back without a leak."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.plugin.fakes import Recording
+from tests.unit.plugin.lifecycle_node import NAMESPACE, World
+from thunder_dra.kube.resources import EVENTS
+from thunder_dra.plugin.checkpoint import ClaimState, PreparedClaim
+from thunder_dra.plugin.crashpoints import PREPARE_STEPS, UNPREPARE_STEPS
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+def _prepared(result: object) -> PreparedClaim:
+    assert isinstance(result, PreparedClaim), result
+    return result
+
+
+def assert_clean(world: World) -> None:
+    """Nothing left anywhere: no enrollment, no record, no file, no open journal entry."""
+    assert world.leaks() == []
+    assert world.live_clients() == []
+    assert world.live_tokens() == []
+    assert world.client_records() == []
+    assert world.secrets() == []
+    assert world.node_files() == []
+    assert world.open_journal_entries() == []
+    assert world.checkpoint_claims() == {}
+
+
+async def test_a_pod_claim_is_prepared_repeated_and_unprepared(world: World) -> None:
+    crash = Recording()
+    daemon = await world.start(crash=crash)
+    ref = world.claim("train", devices=2)
+
+    first = _prepared((await daemon.prepare(ref))[ref.uid])
+    assert [d.device_name for d in first.devices] == ["a6000-0", "a6000-1"]
+    assert {d.cdi_device_ids for d in first.devices} == {
+        (f"thundercompute.com/gpu=claim-{ref.uid}",)
+    }
+    assert first.state is ClaimState.PREPARED
+    assert crash.reached_steps == [s for s in PREPARE_STEPS if s != "prepare:secret-written"]
+    (record,) = world.client_records()
+    assert record["spec"]["enrollmentTokenId"] == first.enrollment_token_id
+    assert record["status"] == {"phase": "Enrolled", "clientId": first.client_id}
+    assert world.live_clients() == [first.client_id]
+    assert world.checkpoint_claims()[ref.uid]["clientId"] == first.client_id
+    config = world.root / "state" / "claims" / ref.uid / "config.json"
+    assert config.is_file()
+    assert world.open_journal_entries() == []
+
+    again = _prepared((await daemon.prepare(ref))[ref.uid])
+    assert again == first  # same answer, no second enrollment
+    assert len(world.thunder.state.tokens) == 1
+
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    assert crash.reached_steps[-len(UNPREPARE_STEPS) + 1 :] == [
+        s for s in UNPREPARE_STEPS if s != "unprepare:secret-removed"
+    ]
+    assert_clean(world)
+    # An unprepare of a claim already gone is a success too.
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+
+
+async def test_a_vm_claim_gets_a_setup_secret_and_no_node_files(world: World) -> None:
+    daemon = await world.start()
+    ref = world.claim("desk", vm=True)
+    prepared = _prepared((await daemon.prepare(ref))[ref.uid])
+    assert prepared.is_vm
+    assert prepared.client_id is None
+    assert all(d.cdi_device_ids == () for d in prepared.devices)
+    (secret,) = world.secrets()
+    assert secret["metadata"]["name"] == "desk-thunder-setup"
+    assert world.node_files() == []
+    (record,) = world.client_records()
+    assert record["spec"]["consumerKind"] == "VirtualMachine"
+    assert record["spec"]["consumerName"] == "desk-vm"
+
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    assert world.secrets() == []
+    assert world.client_records() == []
+    assert world.live_tokens() == []
+
+
+async def test_a_claim_without_an_allocation_is_a_per_claim_error(world: World) -> None:
+    daemon = await world.start()
+    ref = world.claim("pending")
+    del world.claim_object(ref)["status"]["allocation"]
+    ok = world.claim("fine")
+    results = await daemon.prepare(ref, ok)
+    assert (
+        results[ref.uid] == f"claim {NAMESPACE}/pending: not allocated (status.allocation is empty)"
+    )
+    _prepared(results[ok.uid])
+    (event,) = world.of_collection(EVENTS.collection(NAMESPACE))
+    assert event["reason"] == "ThunderPrepareFailed"
+    assert event["involvedObject"]["uid"] == ref.uid
+    assert world.thunder.state.tokens.keys() == {_prepared(results[ok.uid]).enrollment_token_id}
+
+
+# Each Thunder step's failure: (fault rule, error the kubelet gets). The client retries a
+# 5xx once (FAST_RETRY), so those rules answer twice; a 4xx is not retried.
+THUNDER_FAILURES = [
+    ({"method": "GET", "path": "/api/v1/zones", "status": 500, "times": 2}, "zone lookup failed"),
+    (
+        {"method": "POST", "path": "/api/v1/enrollment-tokens", "status": 403, "times": 1},
+        "Thunder mint failed",
+    ),
+    (
+        {"method": "POST", "path": "/api/v1/enrollment-tokens/enroll", "status": 500, "times": 2},
+        "Thunder exchange failed",
+    ),
+    (
+        {"method": "GET", "path": "/artifacts/libthunder.so", "status": 404, "times": 1},
+        "libthunder",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fault", "message"), THUNDER_FAILURES, ids=lambda v: str(v)[:40])
+async def test_a_failed_thunder_step_is_rolled_back_and_the_retry_succeeds(
+    world: World, fault: dict[str, object], message: str
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    world.thunder.faults.add(fault)
+    error = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(error, str)
+    assert error.startswith(f"claim {NAMESPACE}/train: ")
+    assert message in error
+    assert world.leaks() == []
+    assert world.live_clients() == []
+    assert world.client_records() == []
+    assert world.open_journal_entries() == []
+    assert world.checkpoint_claims() == {}
+
+    prepared = _prepared((await daemon.prepare(ref))[ref.uid])
+    assert world.live_clients() == [prepared.client_id]
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    assert_clean(world)
+
+
+# Each Kubernetes step's failure: (method, path pattern, status, error the kubelet gets).
+KUBE_FAILURES = [
+    ("GET", r"/resourceclaims/train$", 500, "the claim's read"),
+    ("GET", r"/resourceslices$", 503, "reading the slices of pool"),
+    ("GET", r"/pods/train-pod$", 500, "reading the consuming pod"),
+    ("POST", r"/clients$", 503, "create"),
+    ("PATCH", r"/clients/[^/]+/status$", 500, "status"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "status", "what"), KUBE_FAILURES)
+async def test_a_failed_kubernetes_step_is_rolled_back_and_the_retry_succeeds(
+    world: World, method: str, path: str, status: int, what: str
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    world.kube.fail(method, path, status=status, times=None)
+    error = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(error, str), what
+    assert error.startswith(f"claim {NAMESPACE}/train: ")
+    assert str(status) in error
+    assert world.leaks() == []
+    assert world.live_clients() == []
+    assert world.live_tokens() == []
+    assert world.client_records() == []
+    assert world.node_files() == []
+    assert world.open_journal_entries() == []
+
+    world.kube.faults.clear()
+    _prepared((await daemon.prepare(ref))[ref.uid])
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    assert_clean(world)
+
+
+async def test_a_vm_secret_that_cannot_be_written_is_rolled_back(world: World) -> None:
+    daemon = await world.start()
+    ref = world.claim("desk", vm=True)
+    world.kube.fail("POST", r"/secrets$", status=403)
+    error = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(error, str)
+    assert "403" in error
+    assert world.live_tokens() == []
+    assert world.leaks() == []
+    assert world.open_journal_entries() == []
+
+
+async def test_a_mint_whose_answer_is_lost_is_the_one_unrevocable_window(world: World) -> None:
+    """Thunder minted, then answered 503 (a mint is never retried: it is not idempotent).
+    The token ID never reaches the node, so nothing can revoke it: the entry is closed and
+    counted as unrevocable (docs/daemon.md, Crash safety); the kubelet's retry prepares."""
+    daemon = await world.start()
+    ref = world.claim("train")
+    world.thunder.faults.add(
+        {
+            "method": "POST",
+            "path": "/api/v1/enrollment-tokens",
+            "status": 503,
+            "after": True,
+            "times": 1,
+        }
+    )
+    error = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(error, str)
+    assert "Thunder mint failed" in error
+    assert {leak["reason"] for leak in world.leaks()} == {"unspent"}
+    assert len(world.leaks()) == 1
+    assert world.open_journal_entries() == []
+    assert (
+        daemon.metrics.registry.get_sample_value(
+            "thunder_dra_daemon_journal_rollbacks_total", {"outcome": "unrevocable"}
+        )
+        == 1.0
+    )
+    prepared = _prepared((await daemon.prepare(ref))[ref.uid])
+    assert world.live_clients() == [prepared.client_id]

@@ -1,0 +1,234 @@
+"""Repair, rollback and unprepare in-process: what a prepared claim loses on the node is
+restored on the next prepare (or at start-up), a failed checkpoint or claim-file write is
+rolled back through the journal, and a failed revocation leaves the claim to retry."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.unit.plugin.lifecycle_node import NAMESPACE, Daemon, World
+from thunder_dra.api import ClaimReference
+from thunder_dra.kube.resources import CLIENTS
+from thunder_dra.kube.testing import parse_path
+from thunder_dra.plugin.checkpoint import (
+    CHECKPOINT_FILE_NAME,
+    ClaimState,
+    PreparedClaim,
+    write_file,
+)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+async def _prepare(daemon: Daemon, ref: ClaimReference) -> PreparedClaim:
+    result = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(result, PreparedClaim), result
+    return result
+
+
+def _assert_clean(world: World) -> None:
+    assert world.leaks() == []
+    assert world.live_tokens() == []
+    assert world.live_clients() == []
+    assert world.client_records() == []
+    assert world.node_files() == []
+    assert world.open_journal_entries() == []
+    assert world.checkpoint_claims() == {}
+
+
+def _cdi_spec(daemon: Daemon, ref: ClaimReference) -> Path:
+    return daemon.config.cdi_dir / f"thundercompute.com-gpu_claim-{ref.uid}.json"
+
+
+async def test_a_missing_cdi_spec_is_rewritten_with_the_same_answer(world: World) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    first = await _prepare(daemon, ref)
+    spec = _cdi_spec(daemon, ref)
+    content = spec.read_bytes()
+    spec.unlink()  # /var/run/cdi emptied by a reboot
+    assert await _prepare(daemon, ref) == first
+    assert spec.read_bytes() == content
+    assert len(world.thunder.state.tokens) == 1
+
+
+async def test_a_missing_library_is_fetched_again_by_its_digest(world: World) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    first = await _prepare(daemon, ref)
+    assert first.library is not None
+    first.library.unlink()
+    _cdi_spec(daemon, ref).unlink()
+    assert await _prepare(daemon, ref) == first
+    assert first.library.is_file()
+
+
+async def test_a_missing_client_record_is_recreated(world: World) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    first = await _prepare(daemon, ref)
+    (record,) = world.client_records()
+    del world.kube.objects[parse_path(CLIENTS.item(record["metadata"]["name"], NAMESPACE)).key]
+    assert await _prepare(daemon, ref) == first
+    (again,) = world.client_records()
+    assert again["spec"] == record["spec"]
+    assert again["status"]["clientId"] == first.client_id
+
+
+async def test_a_missing_config_json_reenrolls_the_claim_and_revokes_the_old(world: World) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    first = await _prepare(daemon, ref)
+    shutil.rmtree(daemon.config.claims_dir / ref.uid)  # a node disk cleanup
+    second = await _prepare(daemon, ref)
+    assert second.devices == first.devices  # the kubelet's answer does not change
+    assert second.enrollment_token_id != first.enrollment_token_id
+    assert world.live_tokens() == [second.enrollment_token_id]
+    assert world.live_clients() == [second.client_id]
+    (record,) = world.client_records()
+    assert record["spec"]["enrollmentTokenId"] == second.enrollment_token_id
+    assert (daemon.config.claims_dir / ref.uid / "config.json").is_file()
+    assert world.checkpoint_claims()[ref.uid]["enrollmentTokenId"] == second.enrollment_token_id
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    _assert_clean(world)
+
+
+async def test_start_up_repairs_every_prepared_claim(world: World) -> None:
+    daemon = await world.start()
+    refs = [world.claim(f"c{n}") for n in range(3)]
+    await daemon.prepare(*refs)
+    await daemon.stop()
+    for ref in refs:
+        _cdi_spec(daemon, ref).unlink()
+    shutil.rmtree(daemon.config.claims_dir / refs[0].uid)
+    daemon = await world.start()  # a reboot: repaired before the kubelet calls
+    assert all(_cdi_spec(daemon, ref).is_file() for ref in refs)
+    assert (daemon.config.claims_dir / refs[0].uid / "config.json").is_file()
+    assert len(world.live_tokens()) == 3
+    assert world.leaks() == []
+
+
+class FailingWriter:
+    """The checkpoint writer, failing with ``code`` while ``failing``."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+        self.failing = False
+
+    def __call__(self, path: Path, content: bytes, mode: int) -> None:
+        if self.failing:
+            raise OSError(self.code, os.strerror(self.code), str(path))
+        write_file(path, content, mode)
+
+
+async def test_a_failed_checkpoint_commit_is_rolled_back_and_the_retry_enrolls_afresh(
+    world: World,
+) -> None:
+    writer = FailingWriter(errno.ENOSPC)
+    daemon = await world.start(checkpoint_writer=writer)
+    ref = world.claim("train")
+    writer.failing = True
+    error = (await daemon.prepare(ref))[ref.uid]
+    assert error == (
+        f"claim {NAMESPACE}/train: writing claim files failed: [Errno 28] No space left on "
+        f"device: '{daemon.config.state_dir / CHECKPOINT_FILE_NAME}'"
+    )
+    _assert_clean(world)
+    writer.failing = False
+    prepared = await _prepare(daemon, ref)
+    assert world.live_tokens() == [prepared.enrollment_token_id]
+
+
+async def test_a_claim_directory_that_cannot_be_written_is_rolled_back(world: World) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    claims = daemon.config.claims_dir
+    claims.parent.mkdir(parents=True, exist_ok=True)
+    claims.write_text("not a directory")  # every claim directory under it fails
+    error = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(error, str)
+    assert error.startswith(f"claim {NAMESPACE}/train: writing claim files failed: ")
+    assert world.leaks() == []
+    assert world.live_tokens() == []
+    assert world.client_records() == []
+    assert world.open_journal_entries() == []
+    claims.unlink()
+    await _prepare(daemon, ref)
+
+
+async def test_a_failed_unprepare_mark_revokes_nothing(world: World) -> None:
+    writer = FailingWriter(errno.EIO)
+    daemon = await world.start(checkpoint_writer=writer)
+    ref = world.claim("train")
+    prepared = await _prepare(daemon, ref)
+    writer.failing = True
+    error = (await daemon.unprepare(ref))[ref.uid]
+    assert "Input/output error" in error
+    assert world.live_tokens() == [prepared.enrollment_token_id]
+    assert world.checkpoint_claims()[ref.uid]["state"] == ClaimState.PREPARED.value
+    writer.failing = False
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    _assert_clean(world)
+
+
+async def test_a_failed_revocation_is_a_per_claim_error_and_the_retry_finishes(
+    world: World,
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    await _prepare(daemon, ref)
+    world.thunder.faults.add(
+        {"method": "DELETE", "path": "/api/v1/enrollment-tokens/*", "status": 500, "times": 2}
+    )
+    error = (await daemon.unprepare(ref))[ref.uid]
+    assert error.startswith(f"claim {NAMESPACE}/train: Thunder revocation failed: ")
+    assert world.checkpoint_claims()[ref.uid]["state"] == ClaimState.UNPREPARING.value
+    assert len(world.client_records()) == 1
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    _assert_clean(world)
+
+
+async def test_a_prepare_after_an_interrupted_unprepare_enrolls_from_a_clean_slate(
+    world: World,
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    first = await _prepare(daemon, ref)
+    world.thunder.faults.add(
+        {"method": "DELETE", "path": "/api/v1/enrollment-tokens/*", "status": 500, "times": 2}
+    )
+    assert (await daemon.unprepare(ref))[ref.uid]
+    second = await _prepare(daemon, ref)
+    assert second.enrollment_token_id != first.enrollment_token_id
+    assert world.live_tokens() == [second.enrollment_token_id]
+    assert world.leaks() == []
+
+
+async def test_a_corrupt_checkpoint_readopts_live_claims_and_revokes_gone_ones(
+    world: World,
+) -> None:
+    daemon = await world.start()
+    kept, gone = world.claim("kept"), world.claim("gone")
+    first = await _prepare(daemon, kept)
+    await _prepare(daemon, gone)
+    await daemon.stop()
+    path = daemon.config.state_dir / CHECKPOINT_FILE_NAME
+    path.write_bytes(path.read_bytes()[:50])  # torn
+    world.delete_claim(gone)
+    daemon = await world.start()
+    assert set(world.checkpoint_claims()) == {kept.uid}
+    assert world.live_tokens() == [first.enrollment_token_id]
+    assert [r["spec"]["claim"]["name"] for r in world.client_records()] == ["kept"]
+    assert list(daemon.config.state_dir.glob(f"{CHECKPOINT_FILE_NAME}.corrupt-*"))
+    # The kubelet's next prepare gets the same answer without a new mint.
+    assert await _prepare(daemon, kept) == first
+    assert await daemon.unprepare(kept, gone) == {kept.uid: "", gone.uid: ""}
+    _assert_clean(world)
