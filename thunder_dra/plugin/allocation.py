@@ -33,7 +33,7 @@ from thunder_dra.kube import naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.plugin.cdi import qualified_device_id
-from thunder_dra.plugin.checkpoint import Consumer, PreparedDevice
+from thunder_dra.plugin.checkpoint import PreparedDevice
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.thunder import ThunderClient, ThunderError
 
@@ -97,9 +97,9 @@ class ClaimAllocation:
     reserved_pods: tuple[str, ...]
     preload: bool = True
 
-    def devices_for(self, consumer: Consumer) -> tuple[PreparedDevice, ...]:
+    def devices_for(self, *, vm: bool) -> tuple[PreparedDevice, ...]:
         """The kubelet's answer: a pod's devices carry the claim's CDI ID, a VM's none."""
-        if consumer.kind == "vm":
+        if vm:
             return self.devices
         cdi_ids = (qualified_device_id(self.uid),)
         return tuple(d.model_copy(update={"cdi_device_ids": cdi_ids}) for d in self.devices)

@@ -52,7 +52,6 @@ class ClaimSlots:
     def __init__(self, limit: int, registry: CollectorRegistry) -> None:
         if limit < 1:
             raise ValueError(f"claim concurrency must be at least 1, got {limit}")
-        self.limit = limit
         self._semaphore = asyncio.Semaphore(limit)
         self.in_flight = 0
         self.peak = 0

@@ -131,7 +131,7 @@ class Preparer:
             zone_id=zone_id,
             gpu_type=identity.gpu_type,
             gpu_count=len(allocation.devices),
-            devices=allocation.devices_for(consumer),
+            devices=allocation.devices_for(vm=consumer.kind == "vm"),
         )
         return await self.enroll(claim, preload=allocation.preload, library=library)
 

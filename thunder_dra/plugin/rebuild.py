@@ -32,29 +32,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from thunder_dra.api import ClaimReference, ConsumerKind
+from thunder_dra.api import Client, ConsumerKind
 from thunder_dra.kube import naming
-from thunder_dra.kube.client import JSON
 from thunder_dra.kube.errors import KubeError, NotFound
 from thunder_dra.plugin.allocation import ClaimError, parse_claim
 from thunder_dra.plugin.cdi import LIBTHUNDER_CONTAINER_PATH
-from thunder_dra.plugin.checkpoint import (
-    CheckpointStore,
-    ClaimRef,
-    ClaimState,
-    Consumer,
-    PreparedClaim,
-)
+from thunder_dra.plugin.checkpoint import CheckpointStore, PreparedClaim
 from thunder_dra.plugin.clientconfig import CONFIG_FILE_NAME, claim_dir
-from thunder_dra.plugin.guest import guest_secret_name
 from thunder_dra.plugin.journal import MintJournal
 from thunder_dra.plugin.locks import KeyedLocks
 from thunder_dra.plugin.prepare import PrepareDeps
+from thunder_dra.plugin.records import claim_from_client, parse_client
 from thunder_dra.plugin.unprepare import Unpreparer
 
 log = logging.getLogger(__name__)
@@ -64,7 +55,6 @@ log = logging.getLogger(__name__)
 class RebuildReport:
     adopted: int = 0
     revoked: int = 0
-    skipped: int = 0
 
 
 def _library_in_spec(spec_path: Path) -> Path | None:
@@ -154,36 +144,28 @@ class Rebuilder:
         busy_uids, busy_tokens = await asyncio.to_thread(_open_entries, self._journal_root)
         report = RebuildReport()
         for record in records:
-            metadata = record.get("metadata") or {}
-            spec = record.get("spec") or {}
-            claim = spec.get("claim") or {}
-            uid = str(claim.get("uid") or "")
+            spec = record.spec
+            uid = spec.claim.uid
             if (
-                spec.get("nodeName") != d.config.node_name
-                or not uid
+                spec.node_name != d.config.node_name
                 or uid in self._checkpoint.current.claims
-                or metadata.get("deletionTimestamp")
+                or record.metadata.deletion_timestamp
             ):
                 continue
-            if uid in busy_uids or spec.get("enrollmentTokenId") in busy_tokens:
-                report.skipped += 1  # an open journal entry settles it
-                continue
-            ref = ClaimReference.model_construct(
-                namespace=str(claim.get("namespace") or ""),
-                name=str(claim.get("name") or ""),
-                uid=uid,
-            )
+            if uid in busy_uids or spec.enrollment_token_id in busy_tokens:
+                continue  # an open journal entry settles it
             async with self._claim_locks.hold(uid):
                 if uid in self._checkpoint.current.claims:
                     continue  # a kubelet call prepared it meanwhile
-                await self._reconcile(ref, record, report)
+                await self._reconcile(record, report)
         return report
 
-    async def _records(self) -> list[JSON]:
+    async def _records(self) -> list[Client]:
         d = self.d
         selector = naming.label_selector(naming.component_labels(naming.COMPONENT_DAEMON))
         try:
-            return await d.kube.list_clients(label_selector=selector)
+            listed = await d.kube.list_clients(label_selector=selector)
+            return [c for c in map(parse_client, listed) if c is not None]
         except KubeError as err:
             if err.status != 403:
                 raise
@@ -196,10 +178,9 @@ class Rebuilder:
         candidates = await asyncio.to_thread(self._local_claims, spec_uids)
         records = []
         for namespace, uid in sorted(candidates):
-            try:
-                records.append(await d.kube.get_client(namespace, f"claim-{uid}"))
-            except NotFound:
-                continue
+            record = await d.records.get_client(namespace, uid)
+            if record is not None:
+                records.append(record)
         return records
 
     def _local_claims(self, spec_uids: list[str]) -> set[tuple[str, str]]:
@@ -211,16 +192,14 @@ class Rebuilder:
                 found.add(claim)
         return found
 
-    async def _reconcile(
-        self, ref: ClaimRef, record: Mapping[str, Any], report: RebuildReport
-    ) -> None:
-        spec = record.get("spec") or {}
+    async def _reconcile(self, record: Client, report: RebuildReport) -> None:
+        ref = record.spec.claim
         fields = {"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name}
-        prepared = await self._rebuilt(ref, record)
+        prepared = await self._rebuilt(record)
         if prepared is None:
             log.warning(
                 "revoking the enrollment of a claim that is gone, from its Client record",
-                extra={**fields, "enrollment_token_id": spec.get("enrollmentTokenId")},
+                extra={**fields, "enrollment_token_id": record.spec.enrollment_token_id},
             )
             await self._unpreparer.clean_unknown(ref)
             report.revoked += 1
@@ -232,9 +211,10 @@ class Rebuilder:
         )
         report.adopted += 1
 
-    async def _rebuilt(self, ref: ClaimRef, record: Mapping[str, Any]) -> PreparedClaim | None:
+    async def _rebuilt(self, record: Client) -> PreparedClaim | None:
         """The checkpoint entry for a record whose claim still holds it, else None."""
         d = self.d
+        ref = record.spec.claim
         try:
             claim = await d.kube.get_claim(ref.namespace, ref.name)
         except NotFound:
@@ -243,11 +223,8 @@ class Rebuilder:
             allocation = parse_claim(claim, ref.uid, d.config.driver_name)
         except ClaimError:
             return None  # re-created under the name, or no longer allocated to us
-        spec = record.get("spec") or {}
-        zone = spec.get("zone") or {}
-        vm = spec.get("consumerKind") == ConsumerKind.VIRTUAL_MACHINE.value
-        consumer = Consumer(kind="vm" if vm else "pod", name=str(spec.get("consumerName") or ""))
-        devices = allocation.devices_for(consumer)
+        vm = record.spec.consumer_kind is ConsumerKind.VIRTUAL_MACHINE
+        devices = allocation.devices_for(vm=vm)
         paths: tuple[str, ...] = ()
         if not vm:
             directory = claim_dir(d.config.claims_dir, ref.uid)
@@ -261,20 +238,4 @@ class Rebuilder:
                 str(spec_path),
                 str(library),
             )
-        status = record.get("status") or {}
-        return PreparedClaim(
-            uid=ref.uid,
-            namespace=ref.namespace,
-            name=ref.name,
-            consumer=consumer,
-            zone_name=str(zone.get("name") or ""),
-            zone_id=str(zone.get("id") or ""),
-            gpu_type=str(spec.get("gpuType") or ""),
-            gpu_count=int(spec.get("gpuCount") or len(devices) or 1),
-            enrollment_token_id=spec.get("enrollmentTokenId") or None,
-            client_id=status.get("clientId") or None,
-            secret_name=guest_secret_name(ref.name) if vm else None,
-            devices=devices,
-            paths=paths,
-            state=ClaimState.PREPARED,
-        )
+        return claim_from_client(record, devices=devices, paths=paths)

@@ -30,10 +30,13 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from thunder_dra.api import (
     API_VERSION,
     CLIENT_FINALIZER,
     ClaimReference,
+    Client,
     ClientPhase,
     ClientSpec,
     ConsumerKind,
@@ -45,7 +48,7 @@ from thunder_dra.kube.admissionpolicy import ANNOTATION_NODE_NAME, LABEL_CLAIM_U
 from thunder_dra.kube.client import JSON, KubeClient
 from thunder_dra.kube.errors import Conflict, Forbidden, Invalid, KubeError, NotFound
 from thunder_dra.kube.resources import CLIENTS, SECRETS
-from thunder_dra.plugin.checkpoint import PreparedClaim
+from thunder_dra.plugin.checkpoint import ClaimState, Consumer, PreparedClaim, PreparedDevice
 from thunder_dra.plugin.guest import GUEST_SCRIPT_KEY, GUEST_TOKEN_KEY, guest_secret_name
 from thunder_dra.thunder import Secret
 
@@ -87,6 +90,49 @@ def client_status(claim: PreparedClaim) -> dict[str, Any]:
             "the VM's guest enrolls itself"
         )
     return status
+
+
+def parse_client(raw: JSON) -> Client | None:
+    """A ``Client`` as read from the API server; None (logged) if it does not match the
+    model, which the CRD's schema makes a record no daemon wrote."""
+    try:
+        return Client.model_validate(raw)
+    except ValidationError as err:
+        metadata = raw.get("metadata") or {}
+        log.warning(
+            "a Client record does not match its schema; left alone",
+            extra={
+                "namespace": metadata.get("namespace"),
+                "client": metadata.get("name"),
+                "error": str(err),
+            },
+        )
+        return None
+
+
+def claim_from_client(
+    client: Client, *, devices: tuple[PreparedDevice, ...], paths: tuple[str, ...]
+) -> PreparedClaim:
+    """The prepared claim a ``Client`` records (the reverse of :func:`client_spec`); the
+    devices come from the claim's allocation and the paths from the node's file layout."""
+    spec = client.spec
+    vm = spec.consumer_kind is ConsumerKind.VIRTUAL_MACHINE
+    return PreparedClaim(
+        uid=spec.claim.uid,
+        namespace=spec.claim.namespace,
+        name=spec.claim.name,
+        consumer=Consumer(kind="vm" if vm else "pod", name=spec.consumer_name),
+        zone_name=spec.zone.name,
+        zone_id=spec.zone.id,
+        gpu_type=spec.gpu_type,
+        gpu_count=spec.gpu_count,
+        enrollment_token_id=spec.enrollment_token_id or None,
+        client_id=(client.status.client_id if client.status else None) or None,
+        secret_name=guest_secret_name(spec.claim.name) if vm else None,
+        devices=devices,
+        paths=paths,
+        state=ClaimState.PREPARED,
+    )
 
 
 def _pointer(key: str) -> str:
@@ -170,7 +216,12 @@ class Records:
             "spec": client_spec(claim, self._node).to_json_dict(),
         }
 
-    async def get_client(self, namespace: str, claim_uid: str) -> JSON | None:
+    async def get_client(self, namespace: str, claim_uid: str) -> Client | None:
+        """The claim's ``Client``, or None if there is none (or none the model reads)."""
+        raw = await self._get_raw_client(namespace, claim_uid)
+        return parse_client(raw) if raw is not None else None
+
+    async def _get_raw_client(self, namespace: str, claim_uid: str) -> JSON | None:
         try:
             return await self._kube.get_client(namespace, client_name(claim_uid))
         except NotFound:
@@ -186,7 +237,7 @@ class Records:
         """
         name = client_name(claim_uid)
         if only_token_id is not None:
-            existing = await self.get_client(namespace, claim_uid)
+            existing = await self._get_raw_client(namespace, claim_uid)
             if existing is None or _token_id_of(existing) != only_token_id:
                 return False
         # Delete first: a crash between the two steps leaves a Terminating record that the

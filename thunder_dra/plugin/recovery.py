@@ -113,7 +113,6 @@ class Recovery:
         self._root = journal_root
         self._checkpoint = checkpoint
         self._undo = undo
-        self._preparer = preparer
         self._repairer = repairer
         self._unpreparer = unpreparer
         self._cache = cache
@@ -124,7 +123,6 @@ class Recovery:
         self._metrics = undo.metrics
         self._started = False
         self._rebuild_pending = False
-        self.sweep_passes = 0
 
     async def startup(self) -> None:
         async with self._node_lock.held():
@@ -285,7 +283,6 @@ class Recovery:
                 failures = await self.sweep()
             except Exception as err:  # the node lock, the journal directory, anything
                 failures = [err]
-            self.sweep_passes += 1
             if not failures:
                 failures_in_row = 0
                 continue

@@ -46,7 +46,7 @@ class Repairer:
         if prepared.consumer.kind == "pod":
             directory = claim_dir(d.config.claims_dir, prepared.uid)
             if not (directory / CONFIG_FILE_NAME).is_file():
-                prepared = await self.reenroll(prepared)
+                prepared = await self._reenroll(prepared)
             library = prepared.library
             if library is not None and not library.is_file():
                 library = await d.library.by_digest(library.parent.name)
@@ -80,7 +80,7 @@ class Repairer:
         except (KubeError, ClaimError):
             return True
 
-    async def reenroll(self, prepared: PreparedClaim) -> PreparedClaim:
+    async def _reenroll(self, prepared: PreparedClaim) -> PreparedClaim:
         """config.json is gone: revoke the old client, enroll the claim anew (same answer)."""
         d = self.d
         log.warning("config.json is missing; enrolling the claim again", extra=_fields(prepared))

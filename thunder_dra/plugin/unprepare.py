@@ -91,28 +91,25 @@ class Unpreparer:
         """Revoke and remove a claim the checkpoint does not hold, from its ``Client``
         record on this node (if any); also used for records a lost checkpoint left."""
         record = await self._records.get_client(ref.namespace, ref.uid)
-        spec = (record or {}).get("spec") or {}
         ours = (
             record is not None
-            and spec.get("nodeName") == self._node
-            and (spec.get("claim") or {}).get("uid") == ref.uid
+            and record.spec.node_name == self._node
+            and record.spec.claim.uid == ref.uid
         )
-        if ours:
-            assert record is not None
-            token_id = spec.get("enrollmentTokenId") or None
-            client_id = (record.get("status") or {}).get("clientId") or None
+        if record is not None and ours:
+            client_id = record.status.client_id if record.status else None
             log.warning(
                 "unpreparing a claim missing from the checkpoint, from its Client record",
                 extra={"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name},
             )
             try:
-                await self._undo.revoke(token_id, client_id)
+                await self._undo.revoke(record.spec.enrollment_token_id or None, client_id)
             except ThunderError as err:
                 raise ClaimError(
                     f"Thunder revocation failed: {err}", ErrorReason.THUNDER_REVOKE
                 ) from None
         await self._undo.remove_claim_files(ref.uid)
-        if ours:
-            if spec.get("consumerKind") == ConsumerKind.VIRTUAL_MACHINE.value:
+        if record is not None and ours:
+            if record.spec.consumer_kind is ConsumerKind.VIRTUAL_MACHINE:
                 await self._records.delete_guest_secret(ref.namespace, ref.name, ref.uid)
             await self._records.delete_client(ref.namespace, ref.uid)

@@ -232,3 +232,20 @@ async def test_a_corrupt_checkpoint_readopts_live_claims_and_revokes_gone_ones(
     assert await _prepare(daemon, kept) == first
     assert await daemon.unprepare(kept, gone) == {kept.uid: "", gone.uid: ""}
     _assert_clean(world)
+
+
+async def test_without_list_rights_a_lost_checkpoint_is_rebuilt_from_the_nodes_traces(
+    world: World,
+) -> None:
+    """A daemon refused ``list`` on Clients looks up the records of the claims its CDI
+    specs name: a pod's claim is re-adopted (a VM's leaves no trace, docs/daemon.md)."""
+    daemon = await world.start()
+    ref = world.claim("train")
+    first = await _prepare(daemon, ref)
+    await daemon.stop()
+    (daemon.config.state_dir / CHECKPOINT_FILE_NAME).unlink()  # a lost state file
+    world.kube.fail("GET", r"/clients$", status=403, times=None)
+    daemon = await world.start()
+    assert set(world.checkpoint_claims()) == {ref.uid}
+    assert await _prepare(daemon, ref) == first
+    assert len(world.thunder.state.tokens) == 1
