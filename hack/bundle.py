@@ -1,8 +1,8 @@
 # Generates the OLM bundle in bundle/ from config/: the ClusterServiceVersion (install
 # strategy, permissions and webhook definitions from the kustomize output of
 # config/manifests, alm-examples from config/samples and config/samples/internal,
-# spec/status descriptors from the CRD schemas), the CRDs (copies of crds/ and kopf's
-# peering CRD), the metrics Service, metadata/annotations.yaml and bundle.Dockerfile.
+# spec/status descriptors from the CRD schemas), the CRDs (copies of crds/), the metrics
+# Service, metadata/annotations.yaml and bundle.Dockerfile.
 # OLM cannot install ValidatingAdmissionPolicies, so the CSV starts the operator with
 # THUNDER_APPLY_ADMISSION_POLICIES=1 and grants it exactly the policies and bindings of
 # thunder_dra/kube/admissionpolicy.py, which it then applies itself.
@@ -44,7 +44,7 @@ ICON: Final = REPO / "config" / "manifests" / "icon.svg"
 CHART_VALUES: Final = REPO / "charts" / "thunder-device-plugin" / "values.yaml"
 GROUP: Final = "thundercompute.com"
 # Objects users do not create by hand; the console hides them.
-INTERNAL_OBJECTS: Final = ["clients.thundercompute.com", "clusterkopfpeerings.kopf.dev"]
+INTERNAL_OBJECTS: Final = ["clients.thundercompute.com"]
 
 DESCRIPTION: Final = """\
 Thunder Device Plugin attaches Thunder Compute GPUs to Kubernetes pods and KubeVirt
@@ -331,11 +331,7 @@ def build_csv(
             "Thunder Client",
             [{"kind": "ResourceClaim", "name": "", "version": "v1"}],
         ),
-        owned_crd(crds["clusterkopfpeerings.kopf.dev"], "Operator Peering", []),
     ]
-    thunder[2]["description"] = (
-        "Keep-alives of the operator replicas; only the highest-priority live one acts."
-    )
     annotations = {
         "alm-examples": json.dumps(samples, indent=2),
         "capabilities": "Basic Install",
@@ -474,8 +470,6 @@ def render(out: Path) -> None:
     (manifests / f"{PACKAGE}.clusterserviceversion.yaml").write_text(_dump(csv))
     for source in sorted((REPO / "crds").glob("*.yaml")):
         shutil.copyfile(source, manifests / source.name)
-    peering = REPO / "config" / "crd" / "peering" / "clusterkopfpeerings.kopf.dev.yaml"
-    shutil.copyfile(peering, manifests / peering.name)
     for name, obj in extra_manifests(objects).items():
         (manifests / name).write_text(_dump(obj))
     (metadata / "annotations.yaml").write_text(_dump({"annotations": ANNOTATIONS}))

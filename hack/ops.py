@@ -41,6 +41,7 @@ APP_SELECTOR: Final = "app.kubernetes.io/name=thunder-dra-driver"
 GROUP: Final = "thundercompute.com"
 OUR_CRDS: Final = (f"thunderclusters.{GROUP}", f"clients.{GROUP}")
 PEERING_CRD: Final = "clusterkopfpeerings.kopf.dev"
+"""kopf's peering CRD, installed by releases before leader election moved to a Lease."""
 TC_API: Final = f"{GROUP}/v1alpha1"
 OPERATOR_FINALIZER: Final = f"{GROUP}/operator"
 HELM_RELEASE_ANNOTATION: Final = "meta.helm.sh/release-name"
@@ -444,6 +445,8 @@ def cmd_purge(cluster: Cluster, stdin: TextIO, out: TextIO) -> int:
     _delete_all(cluster, TC_API, "Client", None, out, strip_finalizers=s.force)
     _delete_all(cluster, "resource.k8s.io/v1", "ResourceSlice", APP_SELECTOR, out)
     _delete_all(cluster, "resource.k8s.io/v1", "DeviceClass", APP_SELECTOR, out)
+    # Left by a release from before leader election moved to a Lease (the Lease goes
+    # with the namespace).
     _delete_all(cluster, "kopf.dev/v1", "ClusterKopfPeering", None, out)
     # Runtime Secrets the daemon labelled (KubeVirt setup Secrets are also owned by
     # their claims and go with them).

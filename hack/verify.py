@@ -45,7 +45,6 @@ TEST_CHARTS: Final = {
 }
 NAMESPACE: Final = "thunder-system"
 WORKLOAD_NAMESPACE: Final = "thunder-test"
-PEERING_CRD: Final = REPO / "config" / "crd" / "peering" / "clusterkopfpeerings.kopf.dev.yaml"
 # Third-party kinds the chart and test charts may render: (group, version, kind,
 # plural, scope). Their real schemas are not available here.
 STAND_INS: Final = (
@@ -169,12 +168,6 @@ def crd_copies() -> list[str]:
             copy = target / source.name
             if not copy.exists() or not filecmp.cmp(source, copy, shallow=False):
                 problems.append(str(copy.relative_to(REPO)))
-    for copy in (
-        CHART / "crds" / PEERING_CRD.name,
-        REPO / "bundle" / "manifests" / PEERING_CRD.name,
-    ):
-        if not copy.exists() or not filecmp.cmp(PEERING_CRD, copy, shallow=False):
-            problems.append(str(copy.relative_to(REPO)))
     if problems:
         raise Failure("differ from crds/ (run `make sync-crds`): " + ", ".join(problems))
     return [f"{len(wanted)} CRDs identical in charts/, config/ and bundle/"]
@@ -239,7 +232,7 @@ def dry_run(version: str, rendered: list[Rendered]) -> list[str]:
                 for ns in (NAMESPACE, WORKLOAD_NAMESPACE)
             ]
             setup += [_stand_in(*s) for s in STAND_INS]
-            crd_files = [*sorted((REPO / "crds").glob("*.yaml")), PEERING_CRD]
+            crd_files = sorted((REPO / "crds").glob("*.yaml"))
             for doc in setup:
                 done = kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(doc))
                 if done.returncode:

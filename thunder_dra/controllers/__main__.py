@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None, *, options: OperatorOptions | None =
         extra={
             "namespace": options.namespace,
             "standalone": options.standalone,
-            "peering": None if options.standalone else options.peering_name,
+            "lease": None if options.standalone else f"{options.namespace}/{options.lease_name}",
             "webhook_port": options.webhook_port or None,
         },
     )

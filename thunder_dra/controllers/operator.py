@@ -1,17 +1,21 @@
-"""The operator process: kopf handlers, peering, the webhook, probes and metrics.
+"""The operator process: kopf handlers, leader election, the webhook, probes and metrics.
 
 kopf's part:
 
-- a daemon per ThunderCluster (the reconcile loops of `runtime`), which kopf stops when
-  the object is deleted or when peering pauses this replica;
+- a daemon per ThunderCluster, which waits until this replica leads and then runs the
+  reconcile loops of `runtime`; it cancels them at once when leadership is lost, and
+  kopf stops it when the object is deleted or the process stops;
 - watch-event handlers on ThunderClusters (to start a pass at once on a spec change or
   a `thundercompute.com/reconcile-requested` annotation) and on Clients (to wake the
   reaper). Event handlers keep no state on the objects;
 - the validating webhook handlers (`thunder_dra.webhooks`), served by every replica;
-- peering: replicas register in one ClusterKopfPeering object (kopf.dev/v1, created
-  here if missing; its CRD ships with the chart) and only the highest-priority live
-  replica reconciles. kopf has no Lease-based election; its peering is the mechanism.
-  `--standalone` runs without it.
+- no kopf peering: kopf runs standalone on every replica, so every replica serves the
+  webhook and the probes and receives the watch events.
+
+Leader election (`leader`): the replicas compete for one `coordination.k8s.io/v1` Lease
+in the operator's namespace; only its holder reconciles. On a graceful stop the leader
+releases the Lease once its loops have stopped. `--standalone` reconciles at once,
+without a Lease (one replica only).
 
 kopf authenticates with the same client configuration the operator's own calls use
 (the given kubeconfig, else in-cluster, else the default kubeconfig).
@@ -25,7 +29,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Any, Final
 
 import kopf
 
@@ -34,14 +38,13 @@ from thunder_dra.controllers.admissionpolicy import apply_policies, operator_ide
 from thunder_dra.controllers.events import EventRecorder
 from thunder_dra.controllers.inventory import InventoryReconciler
 from thunder_dra.controllers.kubeapi import (
-    CLUSTER_PEERINGS,
     DEVICE_CLASSES,
     RESOURCE_SLICES,
     THUNDER_CLUSTERS,
     KubeApi,
-    KubeError,
     load_configuration,
 )
+from thunder_dra.controllers.leader import KubeLeaseStore, LeaderElector, Term, candidate_identity
 from thunder_dra.controllers.listing import DEVICE_CLASS_SELECTOR, INVENTORY_SELECTOR
 from thunder_dra.controllers.metrics import OperatorMetrics
 from thunder_dra.controllers.options import OperatorOptions
@@ -49,15 +52,20 @@ from thunder_dra.controllers.publish import Publisher
 from thunder_dra.controllers.reaper import Reaper
 from thunder_dra.controllers.runtime import ClusterLoop, Services
 from thunder_dra.controllers.thunderaccess import ThunderClients
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.transport import AiohttpTransport
 from thunder_dra.process.health import HealthServer
-from thunder_dra.process.metrics import process_registry
+from thunder_dra.process.metrics import Metrics, process_registry
 from thunder_dra.process.tracing import OPERATOR_SERVICE, configure_tracing
+from thunder_dra.version import user_agent
 from thunder_dra.webhooks.admission import register_webhooks
 from thunder_dra.webhooks.server import ListeningWebhookServer, WebhookTLS
 
 _log = logging.getLogger(__name__)
 
 DAEMON_CANCELLATION_TIMEOUT = 30.0
+_STANDALONE_TERM: Final = Term(0)
+"""With --standalone: one term that never ends."""
 
 
 class Operator:
@@ -94,6 +102,13 @@ class Operator:
             thunder_clients=self.thunder_clients,
         )
         self.loops: dict[str, ClusterLoop] = {}
+        self.elector: LeaderElector | None = None
+        """None with --standalone: this process reconciles without a Lease."""
+        self.leader_gauge = Metrics(self.registry, "operator").gauge(
+            "leader",
+            "1 while this replica holds the leader Lease and reconciles (always 1 with "
+            "--standalone), 0 while it is a standby.",
+        )
         self.kopf_ready = asyncio.Event()
         self.tls: WebhookTLS | None = None
         self.webhook_server: ListeningWebhookServer | None = None
@@ -120,6 +135,54 @@ class Operator:
         if self.webhook_server is not None and not self.webhook_server.listening:
             missing.append("webhook server not listening yet")
         return missing
+
+    # -- leadership ------------------------------------------------------------------
+
+    def _leadership_changed(self, leading: bool) -> None:
+        self.leader_gauge.set(1 if leading else 0)
+
+    async def _next_term(self, stopped: kopf.DaemonStopped) -> Term | None:
+        """Until this replica leads (its term) or the daemon is stopped (None)."""
+        if self.elector is None:
+            return _STANDALONE_TERM
+        term = asyncio.ensure_future(self.elector.wait_for_term())
+        stop = asyncio.ensure_future(stopped.wait())
+        try:
+            await asyncio.wait({term, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            term.cancel()
+            stop.cancel()
+        if stopped or term.cancelled() or not term.done():
+            return None
+        return term.result()
+
+    async def _lead(
+        self, term: Term, body: kopf.Body, uid: str, name: str, stopped: kopf.DaemonStopped
+    ) -> None:
+        """Run the loops of one ThunderCluster for one term; cancel them when it ends."""
+        loop = ClusterLoop(self.services, uid, name)
+        self.loops[uid] = loop
+        _log.info("reconciling ThunderCluster", extra={"cluster": name, "term": term.number})
+
+        async def wait_stopped() -> object:
+            return await stopped.wait()
+
+        running = asyncio.create_task(
+            loop.run(body, wait_stopped, lambda: bool(stopped) or term.lost.is_set())
+        )
+        lost = asyncio.ensure_future(term.lost.wait())
+        try:
+            await asyncio.wait({running, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not running.done():
+                # Leadership is lost (or kopf cancels the daemon): stop mid-pass, so no
+                # write of this replica's overlaps the next leader's.
+                running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+            self.loops.pop(uid, None)
+            _log.info("stopped reconciling ThunderCluster", extra={"cluster": name})
 
     # -- webhook context ---------------------------------------------------------------
 
@@ -192,18 +255,11 @@ class Operator:
         async def reconcile(
             body: kopf.Body, uid: str, name: str, stopped: kopf.DaemonStopped, **_: Any
         ) -> None:
-            loop = ClusterLoop(self.services, uid, name)
-            self.loops[uid] = loop
-            _log.info("reconciling ThunderCluster", extra={"cluster": name})
-
-            async def wait_stopped() -> object:
-                return await stopped.wait()
-
-            try:
-                await loop.run(body, wait_stopped, lambda: bool(stopped))
-            finally:
-                self.loops.pop(uid, None)
-                _log.info("stopped reconciling ThunderCluster", extra={"cluster": name})
+            while not stopped:
+                term = await self._next_term(stopped)
+                if term is None:
+                    return
+                await self._lead(term, body, uid, name, stopped)
 
         if self.options.webhook_enabled:
             register_webhooks(
@@ -214,51 +270,18 @@ class Operator:
         return registry
 
     def build_settings(self) -> kopf.OperatorSettings:
-        options = self.options
         settings = kopf.OperatorSettings()
         # Events are posted by the operator itself (aggregated, in its namespace).
         settings.posting.enabled = False
-        settings.peering.name = options.peering_name
-        settings.peering.priority = options.peering_priority
-        settings.peering.lifetime = options.peering_lifetime
-        settings.peering.clusterwide = True
-        settings.peering.standalone = options.standalone
-        settings.peering.mandatory = not options.standalone
-        settings.peering.stealth = True
+        # Every replica runs kopf on its own; the Lease decides who reconciles.
+        settings.peering.standalone = True
+        settings.peering.mandatory = False
         settings.persistence.finalizer = f"{GROUP}/operator"
         settings.execution.max_workers = 4
         if self.webhook_server is not None:
             settings.admission.server = self.webhook_server
             settings.admission.managed = None
         return settings
-
-    async def ensure_peering_object(self) -> None:
-        """kopf records keep-alives in an existing object; without it, replicas would not
-        see each other and would all reconcile."""
-        if self.options.standalone:
-            return
-        body = {
-            "apiVersion": "kopf.dev/v1",
-            "kind": "ClusterKopfPeering",
-            "metadata": {"name": self.options.peering_name},
-        }
-        try:
-            await self.kube.create(
-                CLUSTER_PEERINGS.collection(), body, resource=CLUSTER_PEERINGS.plural
-            )
-            _log.info("created the peering object", extra={"peering": self.options.peering_name})
-        except KubeError as exc:
-            if exc.conflict:
-                return
-            if exc.not_found:
-                _log.error(
-                    "the ClusterKopfPeering CRD is not installed; install it or run --standalone"
-                )
-                return
-            path = CLUSTER_PEERINGS.item(self.options.peering_name)
-            if exc.status == 403 and await self.kube.get(path) is not None:
-                return
-            raise
 
     async def run(self) -> None:
         tracer_provider = configure_tracing(OPERATOR_SERVICE)
@@ -270,8 +293,33 @@ class Operator:
             readiness=self.not_ready,
         )
         await health.start()
+        lease_client = None
         try:
-            await self.ensure_peering_object()
+            if self.options.standalone:
+                self.leader_gauge.set(1)
+            else:
+                lease_client = KubeClient(
+                    AiohttpTransport(self.options.kubeconfig, user_agent=user_agent("operator")),
+                    timeout=self.options.election.renew_deadline,
+                )
+                await lease_client.open()
+                store = KubeLeaseStore(
+                    lease_client, self.options.namespace, self.options.lease_name
+                )
+                self.elector = LeaderElector(
+                    store,
+                    candidate_identity(),
+                    self.options.election,
+                    on_change=self._leadership_changed,
+                )
+                _log.info(
+                    "campaigning for the leader Lease",
+                    extra={
+                        "lease": f"{store.namespace}/{store.name}",
+                        "identity": self.elector.identity,
+                    },
+                )
+                self.elector.start()
             if self.options.apply_admission_policies:
                 await apply_policies(
                     self.kube,
@@ -285,13 +333,15 @@ class Operator:
                 registry=self.build_registry(),
                 settings=self.build_settings(),
                 clusterwide=True,
-                standalone=self.options.standalone,
-                priority=self.options.peering_priority,
-                # kopf makes peering mandatory whenever a name is given, even standalone.
-                peering_name=None if self.options.standalone else self.options.peering_name,
+                standalone=True,
                 ready_flag=self.kopf_ready,
             )
         finally:
+            # kopf has stopped the daemons: releasing now hands over without overlap.
+            if self.elector is not None:
+                await self.elector.stop(release=True)
+            if lease_client is not None:
+                await lease_client.close()
             await health.stop()
             await self.thunder_clients.aclose()
             tracer_provider.shutdown()

@@ -13,9 +13,8 @@ No flag or variable is for tests: the tests' short reaper grace period
 from __future__ import annotations
 
 import argparse
+import math
 import os
-import random
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,7 +24,7 @@ from typing import Final
 from thunder_dra.api.duration import parse_duration
 
 DEFAULT_NAMESPACE: Final = "thunder-system"
-DEFAULT_PEERING_NAME: Final = "thunder-dra-operator"
+DEFAULT_LEASE_NAME: Final = "thunder-dra-operator"
 DEFAULT_DAEMON_SERVICE_ACCOUNT: Final = "thunder-dra-daemon"
 DEFAULT_OPERATOR_SERVICE_ACCOUNT: Final = "thunder-dra-operator"
 DEFAULT_HEALTH_PORT: Final = 8081
@@ -33,6 +32,51 @@ DEFAULT_METRICS_PORT: Final = 8080
 CERT_FILE_IN_DIR: Final = "tls.crt"
 KEY_FILE_IN_DIR: Final = "tls.key"
 CA_FILE_IN_DIR: Final = "ca.crt"
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionTimings:
+    """How long the leader's Lease lasts, how long it keeps trying to renew, how often.
+
+    The defaults are client-go's (15 s, 10 s, 2 s). A leader gives up after
+    `renew_deadline` without a renewal, before any standby may take over at
+    `lease_duration`; so `retry_period < renew_deadline < lease_duration`.
+    """
+
+    lease_duration: float = 15.0
+    """Seconds a standby waits, after it last saw the Lease change, before taking it."""
+    renew_deadline: float = 10.0
+    """Seconds the leader keeps trying to renew before it stops reconciling."""
+    retry_period: float = 2.0
+    """Seconds between attempts, to acquire as a standby and to renew as the leader."""
+
+    def __post_init__(self) -> None:
+        for name, flag in _TIMING_FLAGS.items():
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{flag} must be a positive duration, got {value:g}s")
+        if self.lease_duration != int(self.lease_duration):
+            raise ValueError(
+                "--leader-election-lease-duration must be whole seconds (it is the Lease's "
+                f"leaseDurationSeconds), got {self.lease_duration:g}s"
+            )
+        if not self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                f"--leader-election-renew-deadline ({self.renew_deadline:g}s) must be shorter "
+                f"than --leader-election-lease-duration ({self.lease_duration:g}s)"
+            )
+        if not self.retry_period < self.renew_deadline:
+            raise ValueError(
+                f"--leader-election-retry-period ({self.retry_period:g}s) must be shorter "
+                f"than --leader-election-renew-deadline ({self.renew_deadline:g}s)"
+            )
+
+
+_TIMING_FLAGS: Final = {
+    "lease_duration": "--leader-election-lease-duration",
+    "renew_deadline": "--leader-election-renew-deadline",
+    "retry_period": "--leader-election-retry-period",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +90,10 @@ class OperatorOptions:
     cluster_name: str = ""
     """Reconcile only the ThunderCluster of this name ("" = the oldest one)."""
     standalone: bool = False
-    peering_name: str = DEFAULT_PEERING_NAME
-    peering_priority: int = 0
-    peering_lifetime: int = 60
+    """Reconcile at once, without leader election (one replica only)."""
+    lease_name: str = DEFAULT_LEASE_NAME
+    """The Lease in `namespace` the replicas elect their leader through."""
+    election: ElectionTimings = ElectionTimings()
     daemon_service_account: str = DEFAULT_DAEMON_SERVICE_ACCOUNT
     operator_service_account: str = DEFAULT_OPERATOR_SERVICE_ACCOUNT
     apply_admission_policies: bool = False
@@ -100,19 +145,6 @@ def _duration(value: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def default_priority(now: float | None = None) -> int:
-    """A peering priority that favours the replica that started first.
-
-    kopf pauses every replica that sees a live peer of higher priority, and all of
-    them when priorities tie. Older processes get higher numbers, so a replica that
-    joins during a rolling update waits for the incumbent to leave instead of taking
-    over in the middle of a pass; the random low digits break ties between replicas
-    started in the same second.
-    """
-    started = int(time.time() if now is None else now)
-    return (10**10 - started) * 1000 + random.randrange(1000)  # noqa: S311 - tie-breaker
-
-
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(
@@ -141,32 +173,31 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="reconcile only the ThunderCluster of this name (env THUNDER_CLUSTER_NAME); "
         "by default the oldest ThunderCluster is reconciled and any other is reported",
     )
-    peering = parser.add_mutually_exclusive_group()
-    peering.add_argument(
+    parser.add_argument(
         "--standalone",
         action="store_true",
         default=_env(env, "THUNDER_STANDALONE") in ("1", "true"),
-        help="run without kopf peering (a single replica; env THUNDER_STANDALONE=1)",
-    )
-    peering.add_argument(
-        "--peering",
-        dest="peering_name",
-        default=_env(env, "THUNDER_PEERING_NAME", default=DEFAULT_PEERING_NAME),
-        help="ClusterKopfPeering object the replicas coordinate through "
-        "(env THUNDER_PEERING_NAME; default %(default)s)",
+        help="reconcile without leader election (a single replica; env THUNDER_STANDALONE=1)",
     )
     parser.add_argument(
-        "--peering-priority",
-        type=int,
-        default=int(_env(env, "THUNDER_PEERING_PRIORITY", default="0")) or None,
-        help="kopf peering priority (default: higher for replicas that started earlier)",
+        "--leader-election-lease",
+        dest="lease_name",
+        default=_env(env, "THUNDER_LEADER_ELECTION_LEASE", default=DEFAULT_LEASE_NAME),
+        help="Lease in --namespace the replicas elect their leader through "
+        "(env THUNDER_LEADER_ELECTION_LEASE; default %(default)s)",
     )
-    parser.add_argument(
-        "--peering-lifetime",
-        type=int,
-        default=int(_env(env, "THUNDER_PEERING_LIFETIME", default="60")),
-        help="seconds a replica's keep-alive stays valid (default %(default)s)",
-    )
+    for flag, default, what in (
+        ("lease-duration", "15s", "a standby waits after the Lease last changed before taking it"),
+        ("renew-deadline", "10s", "the leader keeps trying to renew before it stops reconciling"),
+        ("retry-period", "2s", "between attempts to acquire or renew the Lease"),
+    ):
+        variable = "THUNDER_LEADER_ELECTION_" + flag.upper().replace("-", "_")
+        parser.add_argument(
+            f"--leader-election-{flag}",
+            type=_duration,
+            default=_duration(_env(env, variable, default=default)),
+            help=f"time {what} (env {variable}; default {default})",
+        )
     parser.add_argument(
         "--daemon-service-account",
         default=_env(env, "THUNDER_DAEMON_SERVICE_ACCOUNT", default=DEFAULT_DAEMON_SERVICE_ACCOUNT),
@@ -287,14 +318,23 @@ def parse_options(
         parser.error("--write-concurrency must be at least 1")
     if not 1 <= args.kube_request_timeout.total_seconds() <= 3600:
         parser.error("--kube-request-timeout must be 1s to 1h")
+    if not args.lease_name:
+        parser.error("--leader-election-lease must not be empty")
+    try:
+        election = ElectionTimings(
+            lease_duration=args.leader_election_lease_duration.total_seconds(),
+            renew_deadline=args.leader_election_renew_deadline.total_seconds(),
+            retry_period=args.leader_election_retry_period.total_seconds(),
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     return OperatorOptions(
         namespace=args.namespace,
         kubeconfig=args.kubeconfig,
         cluster_name=args.cluster_name,
         standalone=args.standalone,
-        peering_name=args.peering_name,
-        peering_priority=args.peering_priority or default_priority(),
-        peering_lifetime=args.peering_lifetime,
+        lease_name=args.lease_name,
+        election=election,
         daemon_service_account=args.daemon_service_account,
         operator_service_account=args.operator_service_account,
         apply_admission_policies=args.apply_admission_policies,

@@ -73,8 +73,8 @@ app.kubernetes.io/component: operator
 {{- printf "%s-metrics" (include "tdp.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The ClusterKopfPeering object the operator replicas coordinate through. */}}
-{{- define "tdp.peeringName" -}}
+{{/* The Lease (in the release namespace) the operator replicas elect their leader through. */}}
+{{- define "tdp.leaseName" -}}
 {{- include "tdp.fullname" . -}}
 {{- end -}}
 

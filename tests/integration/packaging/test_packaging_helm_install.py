@@ -263,13 +263,21 @@ def test_client_writes_by_the_daemon_skip_the_webhook_and_others_are_refused(
         ("operator", "get", "secrets/thunder-api", "RELEASE", True),
         ("operator", "get", "secrets/other", "RELEASE", False),
         ("operator", "get", "secrets/thunder-api", "default", False),
-        ("operator", "patch", "clusterkopfpeerings.kopf.dev", None, True),
+        ("operator", "patch", "clusterkopfpeerings.kopf.dev", None, False),
+        ("operator", "get", "leases.coordination.k8s.io/RELEASE", "RELEASE", True),
+        ("operator", "update", "leases.coordination.k8s.io/RELEASE", "RELEASE", True),
+        ("operator", "create", "leases.coordination.k8s.io", "RELEASE", True),
+        ("operator", "update", "leases.coordination.k8s.io/other", "RELEASE", False),
+        ("operator", "create", "leases.coordination.k8s.io", "default", False),
+        ("operator", "delete", "leases.coordination.k8s.io/RELEASE", "RELEASE", False),
     ],
 )
 def test_least_privilege_rbac(
     release: Release, who: str, verb: str, resource: str, namespace: str | None, allowed: bool
 ) -> None:
     sa = f"system:serviceaccount:{release.namespace}:{release.fullname}-{who}"
+    # The leader-election Lease is named after the release.
+    resource = resource.replace("/RELEASE", f"/{release.fullname}")
     args = ["kubectl", "auth", "can-i", verb, resource, f"--as={sa}"]
     if namespace is not None:
         args += ["-n", release.namespace if namespace == "RELEASE" else namespace]

@@ -3,7 +3,7 @@
 The chart is installed in one step as its README says (token Secret first), pointed at
 a fake Thunder on loopback. There is no kubelet, so the operator Pod never starts: the
 test runs `python -m thunder_dra.controllers` itself with what the rendered Deployment
-gives its container (environment, arguments, namespace, ThunderCluster name, peering),
+gives its container (environment, arguments, namespace, ThunderCluster name, Lease),
 under the operator ServiceAccount's own token and with the webhook certificate Secret's
 files where the Pod would mount them. Only the probe and metrics ports are free local
 ports instead.
@@ -282,7 +282,6 @@ def installed(
                     kube.core.delete_namespaced_pod(
                         leftover.metadata.name, namespace, grace_period_seconds=0
                     )
-        kube.delete("kopf.dev/v1", "ClusterKopfPeering", fullname)
         _cleanup_driver_objects(kube, uid)
         kube.core.delete_namespace(namespace)
 
@@ -299,7 +298,7 @@ def test_the_operator_is_ready_with_the_charts_settings(installed: Installed) ->
     url = f"http://127.0.0.1:{op.operator.health_port}/readyz"
     with urllib.request.urlopen(url, timeout=5) as response:
         assert response.status == 200
-    # kopf starts handlers only after its peering pause, which may outlast readiness.
+    # The leader reconciles once it holds the Lease, which may come after readiness.
     wait_for(
         lambda: any(
             r.get("message") == "reconciling ThunderCluster" for r in op.operator.log_records()
@@ -307,9 +306,12 @@ def test_the_operator_is_ready_with_the_charts_settings(installed: Installed) ->
         "the operator reconciling the ThunderCluster",
         timeout=120,
     )
-    # The chart's peering, not --standalone: the operator created its peering object.
-    peering = op.kube.get("kopf.dev/v1", "ClusterKopfPeering", installed.fullname)
-    assert peering is not None
+    # The chart's leader election, not --standalone: the operator holds the release's Lease.
+    lease = op.kube.get("coordination.k8s.io/v1", "Lease", installed.fullname, op.namespace)
+    assert lease is not None
+    # Its identity is the pod name (POD_ID, here "<deployment>-local") and a suffix.
+    assert "-local_" in str(lease["spec"]["holderIdentity"])
+    assert lease["spec"]["leaseDurationSeconds"] == 15
     tc = op.thundercluster()
     assert OPERATOR_FINALIZER in tc["metadata"].get("finalizers", [])
 

@@ -8,18 +8,18 @@ from pathlib import Path
 import pytest
 
 from hack import operator_under_test
-from thunder_dra.controllers.options import default_priority, parse_options
+from thunder_dra.controllers.options import ElectionTimings, parse_options
 
 
 def test_defaults() -> None:
     options = parse_options([], environ={})
     assert options.namespace == "thunder-system"
     assert not options.standalone
-    assert options.peering_name == "thunder-dra-operator"
+    assert options.lease_name == "thunder-dra-operator"
+    assert options.election == ElectionTimings(15, 10, 2)
     assert (options.health_port, options.metrics_port) == (8081, 8080)
     assert not options.webhook_enabled
     assert options.orphan_grace_period_override is None
-    assert options.peering_priority > 0
 
 
 def test_the_charts_environment_configures_the_process() -> None:
@@ -28,7 +28,7 @@ def test_the_charts_environment_configures_the_process() -> None:
         environ={
             "THUNDER_NAMESPACE": "gpu-system",
             "THUNDER_CLUSTER_NAME": "main",
-            "THUNDER_PEERING_NAME": "release-x",
+            "THUNDER_LEADER_ELECTION_LEASE": "release-x",
             "THUNDER_HEALTH_PORT": "9000",
             "THUNDER_METRICS_PORT": "9001",
             "THUNDER_WEBHOOK_PORT": "9443",
@@ -39,7 +39,7 @@ def test_the_charts_environment_configures_the_process() -> None:
     )
     assert options.namespace == "gpu-system"
     assert options.cluster_name == "main"
-    assert options.peering_name == "release-x"
+    assert options.lease_name == "release-x"
     assert (options.health_port, options.metrics_port, options.webhook_port) == (9000, 9001, 9443)
     assert options.webhook_cert_file == Path("/certs/tls.crt")
     assert options.webhook_key_file == Path("/certs/tls.key")
@@ -65,15 +65,12 @@ def test_the_test_entry_point_sets_the_grace_override() -> None:
     assert options.standalone
 
 
-def test_standalone_and_peering_exclude_each_other() -> None:
-    with pytest.raises(SystemExit):
-        parse_options(["--standalone", "--peering", "x"], environ={})
+def test_the_peering_flags_are_gone() -> None:
+    for argv in (["--peering", "x"], ["--peering-priority", "1"], ["--peering-lifetime", "9"]):
+        with pytest.raises(SystemExit):
+            parse_options(argv, environ={})
 
 
 def test_a_certificate_needs_its_key() -> None:
     with pytest.raises(SystemExit):
         parse_options(["--webhook-cert-file", "/c.crt"], environ={})
-
-
-def test_older_replicas_get_higher_peering_priorities() -> None:
-    assert default_priority(1_000) > default_priority(2_000)

@@ -9,7 +9,6 @@ from hack import bundle, helm_docs
 from tests.unit.packaging.chartkit import CHART, REPO, Manifests, kustomize, render
 
 CRDS = sorted((REPO / "crds").glob("*.yaml"))
-PEERING = REPO / "config" / "crd" / "peering" / "clusterkopfpeerings.kopf.dev.yaml"
 
 
 def test_crd_copies_are_byte_identical_to_crds() -> None:
@@ -23,8 +22,9 @@ def test_crd_copies_are_byte_identical_to_crds() -> None:
             copy = folder / source.name
             assert copy.exists(), f"{copy} missing: run make sync-crds"
             assert filecmp.cmp(source, copy, shallow=False), f"{copy} differs: run make sync-crds"
-    for copy in (CHART / "crds" / PEERING.name, REPO / "bundle" / "manifests" / PEERING.name):
-        assert filecmp.cmp(PEERING, copy, shallow=False)
+    # kopf's peering CRD is gone: leader election uses a Lease.
+    assert not list(CHART.glob("crds/*kopf.dev*"))
+    assert not list((REPO / "config").rglob("*kopf.dev*"))
 
 
 def test_chart_readme_is_generated_from_values_and_schema() -> None:
