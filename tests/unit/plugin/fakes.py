@@ -8,6 +8,8 @@ way a SIGKILL skips every handler, so no rollback runs and what was written stay
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from thunder_dra.plugin.crashpoints import ALL_STEPS, CrashPoints
 
 
@@ -46,3 +48,19 @@ class Recording(CrashPoints):
 
     def reached(self, step: str) -> None:
         self.reached_steps.append(step)
+
+
+class OnStep(Recording):
+    """Runs ``action`` when ``step`` is reached (a fault injected between two steps)."""
+
+    def __init__(self, step: str, action: Callable[[], None]) -> None:
+        if step not in ALL_STEPS:
+            raise ValueError(f"unknown crash point {step!r}")
+        super().__init__()
+        self._target = step
+        self._action = action
+
+    def reached(self, step: str) -> None:
+        super().reached(step)
+        if step == self._target:
+            self._action()

@@ -139,3 +139,26 @@ async def test_a_crash_with_claims_in_flight_rolls_back_only_the_uncommitted(
     assert len(world.live_tokens()) == 3
     assert await daemon.unprepare(*refs) == {r.uid: "" for r in refs}
     _assert_clean(world)
+
+
+async def test_a_rollback_thunder_refuses_at_start_up_is_finished_by_the_sweep(
+    world: World,
+) -> None:
+    ref = world.claim("train")
+    daemon = await world.start(crash=CrashAt("prepare:client-recorded"))
+    with pytest.raises(Crashed):
+        await daemon.prepare(ref)
+    await daemon.kill()
+    world.thunder.faults.add({"method": "DELETE", "path": "/api/v1/*", "status": 503})
+    daemon = await world.start()  # start-up logs the failure and goes on
+    assert len(world.open_journal_entries()) == 1
+    assert len(world.live_tokens()) == 1
+    assert daemon.abandoned
+    assert len(await daemon.recovery.sweep()) == 1  # still down: counted, retried later
+    world.thunder.faults.clear()
+    assert await daemon.recovery.sweep() == []
+    assert world.open_journal_entries() == []
+    assert world.live_tokens() == []
+    assert world.client_records() == []
+    assert world.node_files() == []
+    assert world.leaks() == []

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.plugin.fakes import OnStep
 from tests.unit.plugin.lifecycle_node import NAMESPACE, Daemon, World
 from thunder_dra.api import ClaimReference
 from thunder_dra.kube.resources import CLIENTS
@@ -249,3 +250,33 @@ async def test_without_list_rights_a_lost_checkpoint_is_rebuilt_from_the_nodes_t
     assert set(world.checkpoint_claims()) == {ref.uid}
     assert await _prepare(daemon, ref) == first
     assert len(world.thunder.state.tokens) == 1
+
+
+async def test_a_journal_that_fails_after_the_mint_still_gets_the_token_revoked(
+    world: World,
+) -> None:
+    """The journal directory goes away between the mint's entry and its token ID (a disk
+    failing): the token ID the attempt learned is revoked all the same, and once the
+    directory is back the sweep closes the entry that never got its ID."""
+    instance_dir = world.root / "state" / "journal" / "instance-1"
+    away = instance_dir.with_name("instance-1.away")
+
+    def break_journal() -> None:
+        instance_dir.rename(away)
+        instance_dir.write_text("not a directory")
+
+    daemon = await world.start(crash=OnStep("prepare:journal-begun", break_journal))
+    ref = world.claim("train")
+    error = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(error, str)
+    assert error.startswith(f"claim {NAMESPACE}/train: writing claim files failed: ")
+    assert len(world.thunder.state.tokens) == 1
+    assert world.live_tokens() == []
+    assert world.leaks() == []
+    assert world.client_records() == []
+
+    instance_dir.unlink()
+    away.rename(instance_dir)
+    assert await daemon.recovery.sweep() == []
+    assert world.open_journal_entries() == []
+    assert world.leaks() == []
