@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from hack.cluster.pki import CertificateAuthority, service_account_key
+from hack.cluster.pki import CertificateAuthority, KeyPair, service_account_key
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-tools.sh"
@@ -140,6 +140,10 @@ class ClusterConfig:
     aggregator_routing: bool = False
     nodes: tuple[str, ...] = ()
     extra_controllers: tuple[str, ...] = ()
+    # Opt-in: serving certificates from the cluster CA, (name, IP addresses) each, for
+    # services pods reach over https trusting only their service-account ca.crt (e.g. a
+    # fake Thunder on a test bridge). Cluster.server_certs[name] holds the files.
+    server_certs: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def gates(self) -> dict[str, bool]:
         gates = dict.fromkeys(_GATE_NEEDED.get(self.emulated_version or BINARY_VERSION, ()), True)
@@ -180,6 +184,8 @@ class Cluster:
         self.ca_cert = self.workdir / "pki" / "ca.crt"
         # Node name -> kubeconfig of its kubelet (config.nodes).
         self.node_kubeconfigs: dict[str, Path] = {}
+        # Name -> serving certificate and key (config.server_certs).
+        self.server_certs: dict[str, KeyPair] = {}
         self._procs: list[_Proc] = []
 
     # -- lifecycle -----------------------------------------------------------------
@@ -284,6 +290,10 @@ class Cluster:
             name: ca.issue(f"node-{name}", f"system:node:{name}", organizations=("system:nodes",))
             for name in self.config.nodes
         }
+        for name, ips in self.config.server_certs:
+            self.server_certs[name] = ca.issue(
+                f"server-{name}", name, ip_addresses=ips, server=True
+            )
         if node_certs:
             kubelet_client = ca.issue(
                 "apiserver-kubelet-client",

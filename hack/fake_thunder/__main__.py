@@ -34,6 +34,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=Path, help="initial state, in the /_admin/state format")
     parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--tls-cert", type=Path, help="serve https with this certificate (PEM)")
+    parser.add_argument("--tls-key", type=Path, help="the certificate's key (PEM)")
     return parser.parse_args(argv)
 
 
@@ -41,7 +43,8 @@ async def _serve(args: argparse.Namespace) -> None:
     seed = json.loads(args.seed.read_text()) if args.seed else None
     service = FakeThunder(api_tokens=args.token, seed=seed)
     host, port = args.listen
-    server = await start_server(service, host, port)
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert and args.tls_key else None
+    server = await start_server(service, host, port, tls=tls)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

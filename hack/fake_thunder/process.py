@@ -15,6 +15,7 @@ import json
 import os
 import selectors
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+import httpx
 
 from hack.fake_thunder.admin_client import FakeThunderAdmin
 from hack.fake_thunder.artifact_host import ARTIFACT_PREFIX
@@ -51,6 +54,8 @@ class FakeThunderProcess:
         self._cleanup = list(cleanup)
         self._stop_timeout = stop_timeout
         self._admin: FakeThunderAdmin | None = None
+        # The CA that signed an https fake's certificate, for the admin client.
+        self.ca_file: Path | None = None
 
     @property
     def artifact_base_url(self) -> str:
@@ -67,7 +72,11 @@ class FakeThunderProcess:
     @property
     def admin(self) -> FakeThunderAdmin:
         if self._admin is None:
-            self._admin = FakeThunderAdmin(self.base_url)
+            http = None
+            if self.ca_file is not None:
+                context = ssl.create_default_context(cafile=str(self.ca_file))
+                http = httpx.Client(verify=context, timeout=30.0)
+            self._admin = FakeThunderAdmin(self.base_url, http=http)
         return self._admin
 
     def log_text(self) -> str:
@@ -130,10 +139,17 @@ def start_fake_thunder(
     log_level: str = "INFO",
     startup_timeout: float = 30.0,
     stop_timeout: float = 10.0,
+    tls: tuple[Path, Path] | None = None,
+    ca_file: Path | None = None,
 ) -> FakeThunderProcess:
-    """Start the fake on ``listen`` (port 0: the OS picks) and wait for its base URL."""
+    """Start the fake on ``listen`` (port 0: the OS picks) and wait for its base URL.
+
+    ``tls``: certificate and key files to serve https with; ``ca_file``: the CA that
+    signed that certificate, which ``admin`` then trusts."""
     cleanup: list[Path] = []
     args = [sys.executable, "-m", "hack.fake_thunder", "--listen", listen]
+    if tls is not None:
+        args += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
     args += ["--log-level", log_level]
     for token in tokens:
         args += ["--token", token]
@@ -160,6 +176,7 @@ def start_fake_thunder(
             stdin=subprocess.DEVNULL,
         )
     started = FakeThunderProcess(process, "", log_path, cleanup, stop_timeout)
+    started.ca_file = ca_file
     try:
         base_url = read_base_url(process, startup_timeout)
     except BaseException:

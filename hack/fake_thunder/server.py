@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 
@@ -23,8 +25,16 @@ class RunningServer:
         await self.runner.cleanup()
 
 
-async def start_server(service: FakeThunder, host: str, port: int) -> RunningServer:
-    """Listen on ``host:port`` (0 = any free port) and return the base URL actually bound."""
+async def start_server(
+    service: FakeThunder,
+    host: str,
+    port: int,
+    tls: tuple[Path, Path] | None = None,
+) -> RunningServer:
+    """Listen on ``host:port`` (0 = any free port) and return the base URL actually bound.
+
+    With ``tls`` (certificate and key files) it serves https, e.g. to reach it from pods,
+    where the driver refuses plain http to anything but loopback."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         fake = FakeRequest(
@@ -42,7 +52,12 @@ async def start_server(service: FakeThunder, host: str, port: int) -> RunningSer
     app.router.add_route("*", "/{tail:.*}", handle)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    context = None
+    if tls is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(str(tls[0]), str(tls[1]))
+    site = web.TCPSite(runner, host, port, ssl_context=context)
     await site.start()
     bound_host, bound_port = runner.addresses[0][:2]
-    return RunningServer(runner, f"http://{_url_host(bound_host)}:{bound_port}")
+    scheme = "https" if context else "http"
+    return RunningServer(runner, f"{scheme}://{_url_host(bound_host)}:{bound_port}")
