@@ -312,8 +312,12 @@ def test_the_operator_is_ready_with_the_charts_settings(installed: Installed) ->
     # Its identity is the pod name (POD_ID, here "<deployment>-local") and a suffix.
     assert "-local_" in str(lease["spec"]["holderIdentity"])
     assert lease["spec"]["leaseDurationSeconds"] == 15
-    tc = op.thundercluster()
-    assert OPERATOR_FINALIZER in tc["metadata"].get("finalizers", [])
+    # kopf spawns the daemon and adds its finalizer in one event cycle, the patch after.
+    wait_for(
+        lambda: OPERATOR_FINALIZER in op.thundercluster()["metadata"].get("finalizers", []),
+        "the operator's finalizer on the ThunderCluster",
+        timeout=30,
+    )
 
 
 def test_the_seeded_inventory_is_published(installed: Installed) -> None:
