@@ -58,7 +58,6 @@ VALIDATING_ADMISSION_POLICY_BINDINGS: Final = ResourcePath(
 )
 THUNDER_CLUSTERS: Final = ResourcePath(GROUP, VERSION, THUNDER_CLUSTER_PLURAL)
 CLIENTS: Final = ResourcePath(GROUP, VERSION, CLIENT_PLURAL, namespaced=True)
-CLUSTER_PEERINGS: Final = ResourcePath("kopf.dev", "v1", "clusterkopfpeerings")
 
 
 def resource_of(path: str) -> str:

@@ -52,7 +52,6 @@ _CLUSTER_SCOPED: Final = frozenset(
         "resourceslices",
         "deviceclasses",
         "thunderclusters",
-        "clusterkopfpeerings",
         "validatingadmissionpolicies",
         "validatingadmissionpolicybindings",
     }
