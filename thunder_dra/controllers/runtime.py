@@ -5,8 +5,8 @@ changes (its generation) or its `thundercompute.com/reconcile-requested` annotat
 changes, one cycle runs: the daemon DaemonSet, then the inventory pass, then the status.
 A second loop reaps orphaned Clients, waking on Client events and on its own timer.
 
-kopf stops the daemon when peering pauses this replica or the ThunderCluster goes;
-both loops stop with it. Passes never raise: failures become conditions, events and
+The operator cancels them when this replica stops leading (`leader`), and kopf stops
+the daemon when the ThunderCluster goes or the process stops; both loops stop with it. Passes never raise: failures become conditions, events and
 metrics, and the loop goes on.
 """
 
