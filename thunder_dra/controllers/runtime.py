@@ -6,8 +6,9 @@ changes, one cycle runs: the daemon DaemonSet, then the inventory pass, then the
 A second loop reaps orphaned Clients, waking on Client events and on its own timer.
 
 The operator cancels them when this replica stops leading (`leader`), and kopf stops
-the daemon when the ThunderCluster goes or the process stops; both loops stop with it. Passes never raise: failures become conditions, events and
-metrics, and the loop goes on.
+the daemon when the ThunderCluster goes or the process stops; both loops stop with it.
+Passes never raise: failures become conditions, events and metrics, and the loop goes
+on.
 """
 
 from __future__ import annotations
