@@ -297,18 +297,16 @@ class CheckpointStore:
 
         await self._flush(revert)
 
-    async def put(self, claim: PreparedClaim) -> Checkpoint:
+    async def put(self, claim: PreparedClaim) -> None:
         """Add or replace one claim and persist."""
         self._mutate(self._current.with_claim(claim))
         await self._flush(lambda: self._revert(claim.uid, claim))
-        return self._current
 
-    async def drop(self, uid: str) -> Checkpoint:
+    async def drop(self, uid: str) -> None:
         """Remove one claim (absent is fine) and persist."""
         if uid in self._current.claims:
             self._mutate(self._current.without_claim(uid))
             await self._flush(lambda: self._revert(uid, None))
-        return self._current
 
     def _mutate(self, checkpoint: Checkpoint) -> None:
         # No await between reading and replacing _current: atomic on the event loop.

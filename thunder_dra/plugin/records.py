@@ -312,7 +312,7 @@ class Records:
         token: Secret,
         token_id: str,
         script: str,
-    ) -> str:
+    ) -> None:
         name = guest_secret_name(claim_name)
         body: dict[str, Any] = {
             "apiVersion": "v1",
@@ -355,7 +355,6 @@ class Records:
                     f"a Secret of that name exists and was not made for claim {claim_uid} "
                     f"on node {self._node} ({err.message})",
                 ) from None
-        return name
 
     async def _probe_guest_secret(
         self, namespace: str, name: str, claim_uid: str, token_id: str | None = None
