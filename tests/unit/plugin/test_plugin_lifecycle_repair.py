@@ -280,3 +280,29 @@ async def test_a_journal_that_fails_after_the_mint_still_gets_the_token_revoked(
     assert await daemon.recovery.sweep() == []
     assert world.open_journal_entries() == []
     assert world.leaks() == []
+
+
+async def test_a_cdi_spec_that_cannot_be_written_is_rolled_back_with_its_client_record(
+    world: World,
+) -> None:
+    """The CDI directory is unusable: the enrollment is revoked at once; removing what
+    the attempt made fails on the same directory, so the sweep finishes the rollback once
+    the directory is back (the Client record it wrote goes then)."""
+    daemon = await world.start()
+    ref = world.claim("train")
+    cdi = daemon.config.cdi_dir
+    cdi.parent.mkdir(parents=True, exist_ok=True)
+    cdi.write_text("not a directory")
+    error = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(error, str)
+    assert error.startswith(f"claim {NAMESPACE}/train: writing claim files failed: ")
+    assert world.live_tokens() == []
+    assert world.live_clients() == []
+    assert world.leaks() == []
+    assert len(world.open_journal_entries()) == 1
+    cdi.unlink()
+    assert await daemon.recovery.sweep() == []
+    assert world.client_records() == []
+    assert world.node_files() == []
+    assert world.open_journal_entries() == []
+    await _prepare(daemon, ref)
