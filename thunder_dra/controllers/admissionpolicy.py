@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from thunder_dra.controllers.daemonset import contains
-from thunder_dra.controllers.kubeapi import KubeApi, ResourcePath
 from thunder_dra.kube import naming
 from thunder_dra.kube.admissionpolicy import (
     BINDING_KIND,
@@ -26,12 +25,16 @@ from thunder_dra.kube.admissionpolicy import (
     Identity,
     policies,
 )
-
-POLICIES: Final = ResourcePath("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies")
-BINDINGS: Final = ResourcePath(
-    "admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings"
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.resources import (
+    VALIDATING_ADMISSION_POLICIES,
+    VALIDATING_ADMISSION_POLICY_BINDINGS,
 )
-_PATHS: Final = {POLICY_KIND: POLICIES, BINDING_KIND: BINDINGS}
+
+_PATHS: Final = {
+    POLICY_KIND: VALIDATING_ADMISSION_POLICIES,
+    BINDING_KIND: VALIDATING_ADMISSION_POLICY_BINDINGS,
+}
 
 _log = logging.getLogger(__name__)
 
@@ -65,7 +68,7 @@ def _up_to_date(stored: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
     )
 
 
-async def apply_policies(kube: KubeApi, identity: Identity) -> dict[str, str]:
+async def apply_policies(kube: KubeClient, identity: Identity) -> dict[str, str]:
     """Create or bring up to date every policy and binding; returns what was done to each
     (keyed ``<kind>/<name>``)."""
     done: dict[str, str] = {}
@@ -73,16 +76,16 @@ async def apply_policies(kube: KubeApi, identity: Identity) -> dict[str, str]:
         path = _PATHS[obj["kind"]]
         name = obj["metadata"]["name"]
         key = f"{obj['kind']}/{name}"
-        stored = await kube.get(path.item(name))
+        stored = await kube.get_optional(path.item(name))
         if stored is None:
-            await kube.create(path.collection(), obj, resource=path.plural)
+            await kube.create(path.collection(), obj)
             done[key] = "created"
         elif _up_to_date(stored, obj):
             done[key] = "unchanged"
         else:
             version = (stored.get("metadata") or {}).get("resourceVersion")
             body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": version}}
-            await kube.replace(path.item(name), body, resource=path.plural)
+            await kube.replace(path.item(name), body)
             done[key] = "updated"
     _log.info("admission policies applied", extra={"policies": done})
     return done

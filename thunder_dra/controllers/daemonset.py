@@ -23,6 +23,7 @@ catches edits made to the DaemonSet by hand). Server defaults are ignored.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Mapping
@@ -30,12 +31,13 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from kubernetes.utils.quantity import parse_quantity
-
 from thunder_dra.api.constants import API_VERSION, DOMAIN, THUNDER_CLUSTER_KIND
 from thunder_dra.api.thundercluster import ThunderClusterSpec
-from thunder_dra.controllers.kubeapi import DAEMON_SETS, KubeApi
 from thunder_dra.kube import naming
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.errors import NotFound
+from thunder_dra.kube.quantity import parse_quantity
+from thunder_dra.kube.resources import DAEMON_SETS
 from thunder_dra.version import __version__
 
 DAEMONSET_NAME: Final = "thunder-dra-daemon"
@@ -216,7 +218,7 @@ def render(
 
 def _quantity(value: Any) -> Decimal | None:
     try:
-        return Decimal(parse_quantity(value))  # type: ignore[no-untyped-call]
+        return parse_quantity(value)
     except (ValueError, TypeError, ArithmeticError):
         return None
 
@@ -315,32 +317,28 @@ def readiness(stored: Mapping[str, Any] | None) -> Readiness:
 
 
 async def reconcile_daemonset(
-    kube: KubeApi, rendered: Mapping[str, Any]
+    kube: KubeClient, rendered: Mapping[str, Any]
 ) -> tuple[dict[str, Any], str]:
     """Bring the stored DaemonSet to `rendered`; returns it and what was done
     (`unchanged`, `created`, `updated` or `recreated`)."""
     namespace = rendered["metadata"]["namespace"]
     path = DAEMON_SETS.item(DAEMONSET_NAME, namespace)
-    stored = await kube.get(path)
+    stored = await kube.get_optional(path)
     if stored is None:
-        created = await kube.create(
-            DAEMON_SETS.collection(namespace), rendered, resource=DAEMON_SETS.plural
-        )
+        created = await kube.create(DAEMON_SETS.collection(namespace), rendered)
         return created, "created"
     if up_to_date(stored, rendered):
         return stored, "unchanged"
     if needs_recreate(stored, rendered):
         # Only a DaemonSet made by another version can select other labels. Its pods would
         # not be adopted by the new selector, so they go with it rather than linger.
-        await kube.delete(
-            path,
-            resource=DAEMON_SETS.plural,
-            resource_version=(stored.get("metadata") or {}).get("resourceVersion"),
-            propagation="Background",
-        )
-        created = await kube.create(
-            DAEMON_SETS.collection(namespace), rendered, resource=DAEMON_SETS.plural
-        )
+        with contextlib.suppress(NotFound):
+            await kube.delete(
+                path,
+                resource_version=(stored.get("metadata") or {}).get("resourceVersion"),
+                propagation="Background",
+            )
+        created = await kube.create(DAEMON_SETS.collection(namespace), rendered)
         return created, "recreated"
-    updated = await kube.replace(path, update_body(stored, rendered), resource=DAEMON_SETS.plural)
+    updated = await kube.replace(path, update_body(stored, rendered))
     return updated, "updated"

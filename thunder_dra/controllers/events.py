@@ -13,13 +13,16 @@ Posting an event never fails a reconcile: errors are logged and dropped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
-from thunder_dra.controllers.kubeapi import EVENTS, KubeApi, KubeError
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.errors import KubeError, NotFound
+from thunder_dra.kube.resources import EVENTS
 
 FLUSH_INTERVAL: Final = timedelta(seconds=60)
 CORRELATION_WINDOW: Final = timedelta(minutes=10)
@@ -67,7 +70,7 @@ def _timestamp(when: datetime) -> str:
 class EventRecorder:
     """Posts core/v1 Events, aggregating repeats."""
 
-    def __init__(self, kube: KubeApi, instance: str) -> None:
+    def __init__(self, kube: KubeClient, instance: str) -> None:
         self._kube = kube
         self._instance = instance
         self._series: dict[tuple[str, str, str, str], _Series] = {}
@@ -112,20 +115,15 @@ class EventRecorder:
             "lastTimestamp": _timestamp(now),
             "count": 1,
         }
-        await self._kube.create(EVENTS.collection(namespace), body, resource="events")
+        await self._kube.create(EVENTS.collection(namespace), body)
         return _Series(name, namespace, 1, now, now, 1)
 
     async def _flush(self, series: _Series, now: datetime) -> None:
         if series.count == series.flushed_count:
             return
         patch = {"count": series.count, "lastTimestamp": _timestamp(now)}
-        try:
-            await self._kube.merge_patch(
-                EVENTS.item(series.name, series.namespace), patch, resource="events"
-            )
-        except KubeError as exc:
-            if not exc.not_found:
-                raise
+        with contextlib.suppress(NotFound):
+            await self._kube.merge_patch(EVENTS.item(series.name, series.namespace), patch)
         series.flushed, series.flushed_count = now, series.count
 
     def _forget_old(self, now: datetime) -> None:

@@ -33,7 +33,6 @@ from thunder_dra.api.thundercluster import InventoryProtectionSpec, PoolStatus, 
 from thunder_dra.controllers.capacity import PoolCapacity, compute_capacity
 from thunder_dra.controllers.deviceclasses import build_device_classes, selector_expression
 from thunder_dra.controllers.events import EventRecorder, ObjectRef
-from thunder_dra.controllers.kubeapi import DEVICE_CLASSES, KubeApi, KubeError
 from thunder_dra.controllers.listing import (
     list_claims,
     list_device_classes,
@@ -57,6 +56,9 @@ from thunder_dra.controllers.status import ConditionState
 from thunder_dra.controllers.thunderaccess import ThunderClients, TokenUnavailable, read_token
 from thunder_dra.controllers.thunderread import ThunderInventory, read_inventory
 from thunder_dra.kube import naming
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.errors import KubeError
+from thunder_dra.kube.resources import DEVICE_CLASSES
 
 _log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)
@@ -177,7 +179,7 @@ class InventoryReconciler:
 
     def __init__(
         self,
-        kube: KubeApi,
+        kube: KubeClient,
         publisher: Publisher,
         events: EventRecorder,
         metrics: OperatorMetrics,
@@ -395,9 +397,7 @@ class InventoryReconciler:
             },
         }
         try:
-            stored = await self._kube.create(
-                DEVICE_CLASSES.collection(), body, resource="deviceclasses", dry_run=True
-            )
+            stored = await self._kube.create(DEVICE_CLASSES.collection(), body, dry_run=True)
         except KubeError as exc:
             _log.warning("extendedResourceName probe failed", extra={"error": str(exc)})
             return None

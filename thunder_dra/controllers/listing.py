@@ -18,13 +18,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from thunder_dra.controllers.kubeapi import (
-    DEVICE_CLASSES,
-    RESOURCE_CLAIMS,
-    RESOURCE_SLICES,
-    KubeApi,
-)
 from thunder_dra.kube import naming
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.resources import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES
 
 INVENTORY_SELECTOR = naming.label_selector(
     naming.component_labels(naming.COMPONENT_RESOURCE_INVENTORY)
@@ -80,7 +76,7 @@ def lean_slice(obj: Mapping[str, Any]) -> dict[str, Any]:
     return lean
 
 
-async def list_inventory_slices(kube: KubeApi) -> list[dict[str, Any]]:
+async def list_inventory_slices(kube: KubeClient) -> list[dict[str, Any]]:
     """The ResourceSlices this operator publishes (by label), lean."""
     slices: list[dict[str, Any]] = []
     async for page in kube.list_pages(
@@ -90,7 +86,7 @@ async def list_inventory_slices(kube: KubeApi) -> list[dict[str, Any]]:
     return slices
 
 
-async def list_device_classes(kube: KubeApi) -> list[dict[str, Any]]:
+async def list_device_classes(kube: KubeClient) -> list[dict[str, Any]]:
     """The DeviceClasses this operator publishes (by label)."""
     classes: list[dict[str, Any]] = []
     async for page in kube.list_pages(
@@ -127,7 +123,7 @@ def index_claim(index: ClaimIndex, obj: Mapping[str, Any], driver_name: str) -> 
             index.allocated[pool].add(device)
 
 
-async def list_claims(kube: KubeApi, driver_name: str) -> ClaimIndex:
+async def list_claims(kube: KubeClient, driver_name: str) -> ClaimIndex:
     """Every ResourceClaim in the cluster, reduced to UIDs and this driver's allocations."""
     index = ClaimIndex()
     async for page in kube.list_pages(RESOURCE_CLAIMS.collection()):

@@ -37,13 +37,6 @@ from thunder_dra.api.constants import CLIENT_PLURAL, GROUP, THUNDER_CLUSTER_PLUR
 from thunder_dra.controllers.admissionpolicy import apply_policies, operator_identity
 from thunder_dra.controllers.events import EventRecorder
 from thunder_dra.controllers.inventory import InventoryReconciler
-from thunder_dra.controllers.kubeapi import (
-    DEVICE_CLASSES,
-    RESOURCE_SLICES,
-    THUNDER_CLUSTERS,
-    KubeApi,
-    load_configuration,
-)
 from thunder_dra.controllers.leader import KubeLeaseStore, LeaderElector, Term, candidate_identity
 from thunder_dra.controllers.listing import DEVICE_CLASS_SELECTOR, INVENTORY_SELECTOR
 from thunder_dra.controllers.metrics import OperatorMetrics
@@ -53,7 +46,8 @@ from thunder_dra.controllers.reaper import Reaper
 from thunder_dra.controllers.runtime import ClusterLoop, Services
 from thunder_dra.controllers.thunderaccess import ThunderClients
 from thunder_dra.kube.client import KubeClient
-from thunder_dra.kube.transport import AiohttpTransport
+from thunder_dra.kube.resources import DEVICE_CLASSES, RESOURCE_SLICES, THUNDER_CLUSTERS
+from thunder_dra.kube.transport import AiohttpTransport, build_client, load_configuration
 from thunder_dra.process.health import HealthServer
 from thunder_dra.process.metrics import Metrics, process_registry
 from thunder_dra.process.tracing import OPERATOR_SERVICE, configure_tracing
@@ -75,13 +69,14 @@ class Operator:
         self.options = options
         self.registry = process_registry()
         self.metrics = OperatorMetrics(self.registry)
-        self.configuration = load_configuration(options.kubeconfig)
-        read_timeout = options.kube_request_timeout.total_seconds()
-        self.kube = KubeApi(
-            self.configuration,
-            self.metrics,
-            workers=options.write_concurrency + 4,
-            request_timeout=(min(10.0, read_timeout), read_timeout),
+        self.kube = build_client(
+            options.kubeconfig,
+            user_agent=user_agent("operator"),
+            timeout=options.kube_request_timeout.total_seconds(),
+            pool_size=options.write_concurrency + 4,
+            on_write=lambda resource, verb: self.metrics.kubernetes_writes.labels(
+                resource, verb
+            ).inc(),
         )
         instance = os.environ.get("POD_ID") or socket.gethostname()
         self.events = EventRecorder(self.kube, instance)
@@ -218,9 +213,9 @@ class Operator:
         selects = self._selects()
 
         @kopf.on.login(registry=registry)
-        def login(**_: Any) -> kopf.ConnectionInfo:
-            config = load_configuration(self.options.kubeconfig)
-            header = config.get_api_key_with_prefix("BearerToken") or ""
+        async def login(**_: Any) -> kopf.ConnectionInfo:
+            config = await load_configuration(self.options.kubeconfig)
+            header = await config.get_api_key_with_prefix("BearerToken") or ""
             scheme, _space, token = header.partition(" ")
             return kopf.ConnectionInfo(
                 server=config.host,
@@ -295,6 +290,7 @@ class Operator:
         await health.start()
         lease_client = None
         try:
+            await self.kube.open()  # a bad kubeconfig fails here, not in a loop
             if self.options.standalone:
                 self.leader_gauge.set(1)
             else:
@@ -345,7 +341,7 @@ class Operator:
             await health.stop()
             await self.thunder_clients.aclose()
             tracer_provider.shutdown()
-            self.kube.close()
+            await self.kube.close()
             if self.tls is not None:
                 self.tls.cleanup()
 

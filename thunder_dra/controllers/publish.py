@@ -20,6 +20,7 @@ checked for a silently dropped `extendedResourceName` (DRAExtendedResource off).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Collection, Iterator, Mapping, Sequence
@@ -39,9 +40,11 @@ from thunder_dra.controllers.diff import (
     plan_device_classes,
     plan_resource_slices,
 )
-from thunder_dra.controllers.kubeapi import DEVICE_CLASSES, RESOURCE_SLICES, KubeApi, KubeError
 from thunder_dra.controllers.slices import DesiredPool
 from thunder_dra.kube import naming
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.errors import Conflict, KubeError, NotFound
+from thunder_dra.kube.resources import DEVICE_CLASSES, RESOURCE_SLICES
 
 BATCH_DEVICES: Final = 4096
 """Devices planned (and held as request bodies) at a time."""
@@ -195,7 +198,7 @@ def plan_steps(
 class Publisher:
     """Applies planned actions against the API server."""
 
-    def __init__(self, kube: KubeApi, concurrency: int) -> None:
+    def __init__(self, kube: KubeClient, concurrency: int) -> None:
         self._kube = kube
         self._gate = asyncio.Semaphore(concurrency)
 
@@ -262,38 +265,34 @@ class Publisher:
         async with self._gate:
             await work
 
+    async def _delete(self, path: str, resource_version: str | None) -> None:
+        """Delete the listed version; one already gone is as good."""
+        with contextlib.suppress(NotFound):
+            await self._kube.delete(path, resource_version=resource_version)
+
     async def _apply(self, action: Action, outcome: PublishOutcome) -> None:
         path = RESOURCE_SLICES if action.kind == "ResourceSlice" else DEVICE_CLASSES
-        resource = path.plural
         try:
             if isinstance(action, Create):
-                stored = await self._kube.create(path.collection(), action.body, resource=resource)
+                stored = await self._kube.create(path.collection(), action.body)
                 outcome.writes += 1
                 self._check_class(action.body, stored, outcome)
             elif isinstance(action, Update):
-                stored = await self._kube.replace(
-                    path.item(action.name), action.body, resource=resource
-                )
+                stored = await self._kube.replace(path.item(action.name), action.body)
                 outcome.writes += 1
                 self._check_class(action.body, stored, outcome)
             elif isinstance(action, Replace):
-                await self._kube.delete(
-                    path.item(action.name),
-                    resource=resource,
-                    resource_version=action.resource_version,
-                )
+                await self._delete(path.item(action.name), action.resource_version)
                 outcome.writes += 1
-                stored = await self._kube.create(path.collection(), action.body, resource=resource)
+                stored = await self._kube.create(path.collection(), action.body)
                 outcome.writes += 1
             else:
-                await self._kube.delete(
-                    path.item(action.name),
-                    resource=resource,
-                    resource_version=action.resource_version,
-                )
+                await self._delete(path.item(action.name), action.resource_version)
                 outcome.writes += 1
         except KubeError as exc:
-            if exc.conflict or (exc.not_found and isinstance(action, Update)):
+            if isinstance(exc, Conflict) or (
+                isinstance(exc, NotFound) and isinstance(action, Update)
+            ):
                 outcome.conflicts += 1
                 _log.info(
                     "object changed while publishing; the next pass replans",

@@ -32,6 +32,7 @@ finalizer, and counts it as `unverified` in `thunder_dra_operator_clients_reaped
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -45,11 +46,13 @@ from pydantic import ValidationError
 from thunder_dra.api.client import Client, ClientPhase
 from thunder_dra.api.constants import CLIENT_FINALIZER
 from thunder_dra.controllers.events import EventRecorder, ObjectRef
-from thunder_dra.controllers.kubeapi import CLIENTS, KubeApi, KubeError
 from thunder_dra.controllers.listing import ClaimIndex
 from thunder_dra.controllers.metrics import OperatorMetrics
 from thunder_dra.controllers.status import utcnow
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.errors import KubeError, NotFound
 from thunder_dra.kube.provenance import ANNOTATION, ProvenanceKey
+from thunder_dra.kube.resources import CLIENTS
 from thunder_dra.thunder import ThunderClient, ThunderError
 
 _log = logging.getLogger(__name__)
@@ -132,7 +135,7 @@ def _timestamp(when: datetime) -> str:
 class Reaper:
     """Runs reaper passes against the API server and Thunder."""
 
-    def __init__(self, kube: KubeApi, events: EventRecorder, metrics: OperatorMetrics) -> None:
+    def __init__(self, kube: KubeClient, events: EventRecorder, metrics: OperatorMetrics) -> None:
         self._kube = kube
         self._events = events
         self._metrics = metrics
@@ -171,12 +174,13 @@ class Reaper:
             decision = decide(client, claims.uids.get(key), now, grace)
             try:
                 await self._act(client, decision, now, thunder, provenance, result)
+            except NotFound:
+                pass  # gone meanwhile: nothing left to do for it
             except KubeError as exc:
-                if not exc.not_found:
-                    _log.warning(
-                        "client reaper write failed",
-                        extra={"client": client.metadata.name, "error": str(exc)},
-                    )
+                _log.warning(
+                    "client reaper write failed",
+                    extra={"client": client.metadata.name, "error": str(exc)},
+                )
             if decision.verdict in (Verdict.MARK_ORPHANED, Verdict.WAIT):
                 result.orphaned += 1
                 if result.next_check is None or decision.remaining < result.next_check:
@@ -196,9 +200,7 @@ class Reaper:
         path = CLIENTS.item(meta.name, meta.namespace, "status")
         fields = {"client": meta.name, "namespace": meta.namespace, "claim": client.spec.claim.name}
         if decision.verdict is Verdict.MARK_ORPHANED:
-            await self._kube.merge_patch(
-                path, {"status": {"orphanedSince": _timestamp(now)}}, resource="clients/status"
-            )
+            await self._kube.merge_patch(path, {"status": {"orphanedSince": _timestamp(now)}})
             _log.info("client's claim is gone, grace period started", extra=fields)
             await self._events.post(
                 _ref(client),
@@ -208,9 +210,7 @@ class Reaper:
                 f"the enrollment is revoked after {decision.remaining}",
             )
         elif decision.verdict is Verdict.CLEAR_ORPHANED:
-            await self._kube.merge_patch(
-                path, {"status": {"orphanedSince": None}}, resource="clients/status"
-            )
+            await self._kube.merge_patch(path, {"status": {"orphanedSince": None}})
             _log.info("client's claim is back, grace period cleared", extra=fields)
         elif decision.verdict is Verdict.HELD:
             if meta.uid and meta.uid not in self._held_reported:
@@ -251,9 +251,7 @@ class Reaper:
             self._metrics.clients_reaped.labels("failed").inc()
             message = f"revoking the enrollment failed, retrying: {exc}"
             _log.warning("client revocation failed", extra={**fields, "error": str(exc)})
-            await self._kube.merge_patch(
-                status_path, {"status": {"message": message[:4096]}}, resource="clients/status"
-            )
+            await self._kube.merge_patch(status_path, {"status": {"message": message[:4096]}})
             await self._events.post(_ref(client), "Warning", "RevocationFailed", message)
             return False
         revoked_at = _timestamp(utcnow())
@@ -267,7 +265,6 @@ class Reaper:
                     "longer than the grace period",
                 }
             },
-            resource="clients/status",
         )
         await self._events.post(
             _ref(client),
@@ -307,8 +304,9 @@ class Reaper:
         meta = client.metadata
         path = CLIENTS.item(meta.name, meta.namespace)
         if meta.deletion_timestamp is None:
-            await self._kube.delete(path, resource="clients")
-        current = await self._kube.get(path)
+            with contextlib.suppress(NotFound):
+                await self._kube.delete(path)
+        current = await self._kube.get_optional(path)
         if current is None:
             return
         finalizers = (current.get("metadata") or {}).get("finalizers") or []
@@ -323,5 +321,4 @@ class Reaper:
                 {"op": "test", "path": f"/metadata/finalizers/{index}", "value": CLIENT_FINALIZER},
                 {"op": "remove", "path": f"/metadata/finalizers/{index}"},
             ],
-            resource="clients",
         )

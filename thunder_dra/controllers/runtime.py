@@ -33,7 +33,6 @@ from thunder_dra.api.thundercluster import ThunderCluster, ThunderClusterStatus
 from thunder_dra.controllers import daemonset
 from thunder_dra.controllers.events import EventRecorder, ObjectRef
 from thunder_dra.controllers.inventory import InventoryReconciler, InventoryResult
-from thunder_dra.controllers.kubeapi import CLIENTS, THUNDER_CLUSTERS, KubeApi, KubeError
 from thunder_dra.controllers.listing import list_claims
 from thunder_dra.controllers.metrics import OperatorMetrics
 from thunder_dra.controllers.options import OperatorOptions
@@ -46,7 +45,10 @@ from thunder_dra.controllers.status import (
     utcnow,
 )
 from thunder_dra.controllers.thunderaccess import ThunderClients, TokenUnavailable, read_token
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.errors import KubeError
 from thunder_dra.kube.provenance import ProvenanceKey
+from thunder_dra.kube.resources import CLIENTS, THUNDER_CLUSTERS
 
 RECONCILE_ANNOTATION: Final = f"{DOMAIN}/reconcile-requested"
 """Changing this annotation's value asks for an immediate pass, e.g. `kubectl annotate
@@ -69,7 +71,7 @@ class Services:
     """Process-wide parts every ThunderCluster loop uses."""
 
     options: OperatorOptions
-    kube: KubeApi
+    kube: KubeClient
     metrics: OperatorMetrics
     events: EventRecorder
     inventory: InventoryReconciler
@@ -362,7 +364,6 @@ class ClusterLoop:
             await self.services.kube.merge_patch(
                 THUNDER_CLUSTERS.item(self.name, subresource="status"),
                 {"status": patch.to_json_dict()},
-                resource="thunderclusters/status",
             )
         except KubeError as exc:
             _log.warning("status update failed", extra={"cluster": self.name, "error": str(exc)})

@@ -18,7 +18,9 @@ from typing import Final
 from prometheus_client import CollectorRegistry
 
 from thunder_dra.api.thundercluster import ThunderSpec
-from thunder_dra.controllers.kubeapi import SECRETS, KubeApi, KubeError
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.errors import KubeError
+from thunder_dra.kube.resources import SECRETS
 from thunder_dra.process import logs
 from thunder_dra.thunder import RetryPolicy, Secret, ThunderClient
 
@@ -36,10 +38,12 @@ class TokenUnavailable(Exception):
         super().__init__(message)
 
 
-async def read_token(kube: KubeApi, thunder: ThunderSpec) -> Secret:
+async def read_token(kube: KubeClient, thunder: ThunderSpec) -> Secret:
     where = f"Secret {thunder.secret_namespace}/{thunder.secret_name}"
     try:
-        secret = await kube.get(SECRETS.item(thunder.secret_name, thunder.secret_namespace))
+        secret = await kube.get_optional(
+            SECRETS.item(thunder.secret_name, thunder.secret_namespace)
+        )
     except KubeError as exc:
         raise TokenUnavailable(f"{where} could not be read: {exc.status} {exc.reason}") from None
     if secret is None:

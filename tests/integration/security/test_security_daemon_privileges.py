@@ -28,7 +28,6 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
-from prometheus_client import CollectorRegistry
 
 from hack import bundle
 from hack.cluster import Cluster, binaries
@@ -42,12 +41,9 @@ from hack.testbed.daemon import (
 )
 from hack.testbed.kube import Kube, wait_for
 from thunder_dra.controllers.admissionpolicy import apply_policies, operator_identity, rendered
-from thunder_dra.controllers.kubeapi import KubeApi as OperatorKube
-from thunder_dra.controllers.metrics import OperatorMetrics
 from thunder_dra.kube.admissionpolicy import SUFFIXES
 from thunder_dra.kube.provenance import ProvenanceKey
-from thunder_dra.plugin.kubeapi import KubeApi as PluginKube
-from thunder_dra.plugin.kubeapi import load_api_client
+from thunder_dra.kube.transport import build_client
 from thunder_dra.plugin.records import Records
 from thunder_dra.thunder import Secret
 
@@ -619,17 +615,17 @@ def test_the_operator_applies_the_policies_with_the_bundles_rights(
         operator_sa, install.namespace, request
     )
     kubeconfig = token_kubeconfig(cluster, str(answer.status.token), tmp_path / "operator")
-    configuration = k8s.Configuration()
-    k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=str(kubeconfig), client_configuration=configuration
-    )
-    operator_kube = OperatorKube(configuration, OperatorMetrics(CollectorRegistry()))
     names = identity.policy_names()
+
+    async def apply() -> dict[str, str]:
+        async with build_client(kubeconfig, user_agent="security-test") as operator_kube:
+            return await apply_policies(operator_kube, identity)
+
     try:
-        first = asyncio.run(apply_policies(operator_kube, identity))
+        first = asyncio.run(apply())
         assert set(first.values()) == {"created"}
         assert len(first) == 6
-        assert set(asyncio.run(apply_policies(operator_kube, identity)).values()) == {"unchanged"}
+        assert set(asyncio.run(apply()).values()) == {"unchanged"}
         # A policy weakened by hand is put back.
         weakened = names[0]
         kube.resource("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy").patch(
@@ -637,7 +633,7 @@ def test_the_operator_applies_the_policies_with_the_bundles_rights(
             body=[{"op": "remove", "path": "/spec/validations/1"}],
             content_type="application/json-patch+json",
         )
-        third = asyncio.run(apply_policies(operator_kube, identity))
+        third = asyncio.run(apply())
         assert third[f"ValidatingAdmissionPolicy/{weakened}"] == "updated"
         stored = kube.get("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy", weakened)
         assert stored is not None
@@ -648,7 +644,6 @@ def test_the_operator_applies_the_policies_with_the_bundles_rights(
         ours = _validations_by_suffix(rendered(identity))
         assert chart == ours
     finally:
-        operator_kube.close()
         for kind in ("ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy"):
             for name in names:
                 kube.delete("admissionregistration.k8s.io/v1", kind, name)
@@ -665,10 +660,14 @@ def test_the_daemons_records_find_and_remove_only_their_own_setup_secrets(
     body["metadata"]["annotations"]["thundercompute.com/enrollment-token-id"] = "et-1"
     b.core.create_namespaced_secret(install.workloads, body)
     key = ProvenanceKey(Secret("tcapi_security_test"))
-    mine = Records(PluginKube(load_api_client(b.kubeconfig)), b.node, key)
-    theirs = Records(PluginKube(load_api_client(a.kubeconfig)), a.node, key)
 
     async def run() -> None:
+        mine_kube = build_client(b.kubeconfig, user_agent="security-test")
+        theirs_kube = build_client(a.kubeconfig, user_agent="security-test")
+        async with mine_kube, theirs_kube:
+            await check(Records(mine_kube, b.node, key), Records(theirs_kube, a.node, key))
+
+    async def check(mine: Records, theirs: Records) -> None:
         ns = install.workloads
         assert await mine.guest_secret_exists(ns, "records", uid)
         assert not await mine.guest_secret_exists(ns, "records", "another-uid")
