@@ -309,6 +309,10 @@ class LeaderElector:
             )
         except LeaseUnavailable as exc:
             _log.warning("Lease request failed", extra={"error": str(exc)})
+        except Exception:
+            # An answer of a shape nobody expected: a failed attempt like any other, so
+            # the renew deadline still ends the term; never a dead elector that leads on.
+            _log.exception("Lease request failed unexpectedly")
         return False
 
     async def _try_acquire_or_renew(self) -> bool:

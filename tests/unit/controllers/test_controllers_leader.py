@@ -87,6 +87,8 @@ class VirtualTime:
             if predicate():
                 return self.now - start
             assert self.now - start <= limit, f"not within {limit}s of virtual time"
+            waiting = any(not f.done() for *_, f in self._sleepers)
+            assert waiting, "no task left to wake: the awaited state can never come"
             await self.step()
 
 
@@ -412,6 +414,22 @@ async def test_no_renewal_for_the_renew_deadline_loses_leadership_before_the_lea
     assert second.number == term.number + 1
     assert store.record.holder == "a"
     await a.stop(release=False)
+
+
+async def test_an_unexpected_error_is_a_failed_attempt_not_a_dead_elector() -> None:
+    time, store, changes = VirtualTime(), FakeLeases(), list[bool]()
+    a = elector(store, time, "a", changes=changes)
+    a.start()
+    await time.until(lambda: a.is_leader, limit=1)
+    term = await a.wait_for_term()
+    store.failing = lambda op: KeyError("spec")
+    await time.until(lambda: term.lost.is_set(), limit=TIMINGS.renew_deadline + 0.001)
+    assert changes == [True, False]
+    store.failing = lambda op: None
+    await time.until(lambda: a.is_leader, limit=10)
+    await a.stop(release=True)
+    assert store.record is not None
+    assert store.record.holder == ""
 
 
 async def test_a_hung_request_cannot_extend_the_term() -> None:
