@@ -115,7 +115,8 @@ class OperatorOptions:
     log_format: str = "auto"
     write_concurrency: int = 8
     kube_request_timeout: timedelta = timedelta(seconds=60)
-    """Read timeout of one Kubernetes API request (the connect timeout is at most 10s)."""
+    """Timeout of one Kubernetes API request, from connecting (at most 10s of it) to reading
+    the whole answer."""
     orphan_grace_period_override: timedelta | None = None
 
     @property
@@ -290,8 +291,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "--kube-request-timeout",
         type=_duration,
         default=_duration(_env(env, "THUNDER_KUBE_REQUEST_TIMEOUT", default="60s")),
-        help="read timeout of one Kubernetes API request; a loop whose request times out "
-        "retries with backoff (env THUNDER_KUBE_REQUEST_TIMEOUT; default 60s)",
+        help="timeout of one Kubernetes API request, the whole answer read; a loop whose "
+        "request times out retries with backoff (env THUNDER_KUBE_REQUEST_TIMEOUT; "
+        "default 60s)",
     )
     return parser
 
