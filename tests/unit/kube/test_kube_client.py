@@ -326,3 +326,39 @@ async def test_closing_closes_the_transport() -> None:
     assert fake.closed
     with pytest.raises(Unavailable):
         await kube.get("/api/v1/nodes/n")
+
+
+async def test_the_daemons_typed_calls_address_their_objects() -> None:
+    fake = FakeKube()
+    kube = _client(fake)
+    fake.put("/api/v1/nodes", {"metadata": {"name": "n1"}})
+    fake.put("/api/v1/namespaces/ns/pods", {"metadata": {"name": "p1"}})
+    fake.put("/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims", {"metadata": {"name": "rc"}})
+    fake.put(RESOURCE_SLICES.collection(), {**_slice("mine", app="x"), "spec": {"driver": "d"}})
+    fake.put(RESOURCE_SLICES.collection(), {**_slice("other", app="x"), "spec": {"driver": "e"}})
+    assert (await kube.get_node("n1"))["metadata"]["name"] == "n1"
+    assert (await kube.get_pod("ns", "p1"))["metadata"]["name"] == "p1"
+    assert (await kube.get_claim("ns", "rc"))["metadata"]["name"] == "rc"
+    found = await kube.list_slices(driver="d", label_selector="app=x")
+    assert [s["metadata"]["name"] for s in found] == ["mine"]
+    secret = {"metadata": {"name": "s"}, "data": {"k": "dg=="}}
+    created = await kube.create_secret("ns", secret)
+    await kube.replace_secret("ns", "s", {**created, "data": {"k": "dw=="}})
+    assert (await kube.get_secret("ns", "s"))["data"] == {"k": "dw=="}
+    with pytest.raises(Conflict):
+        await kube.delete_secret("ns", "s", uid="not-its-uid")
+    await kube.delete_secret("ns", "s", uid=created["metadata"]["uid"])
+    await kube.create_event("ns", {"metadata": {"generateName": "rc."}, "reason": "R"})
+    assert len(fake.calls("POST", "/api/v1/namespaces/ns/events")) == 1
+    client = {"metadata": {"name": "c1", "labels": {"l": "v"}, "finalizers": ["f"]}}
+    await kube.create_client("ns", client)
+    await kube.patch_client("ns", "c1", {"spec": {"a": 1}})
+    await kube.patch_client_status("ns", "c1", {"phase": "Ready"})
+    await kube.json_patch_client("ns", "c1", [{"op": "add", "path": "/spec/b", "value": 2}])
+    stored = await kube.get_client("ns", "c1")
+    assert (stored["spec"], stored["status"]) == ({"a": 1, "b": 2}, {"phase": "Ready"})
+    assert [c["metadata"]["name"] for c in await kube.list_clients(label_selector="l=v")] == ["c1"]
+    terminating = await kube.delete_client("ns", "c1")
+    assert terminating["metadata"]["deletionTimestamp"]
+    status_write = fake.calls("PATCH", CLIENTS.item("c1", "ns", "status"))
+    assert json.loads(status_write[0].body or b"") == {"status": {"phase": "Ready"}}
