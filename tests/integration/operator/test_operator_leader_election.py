@@ -2,7 +2,8 @@
 
 Each test starts two `python -m thunder_dra.controllers` processes (through the test
 entry point) with short election timings against one namespace and ThunderCluster.
-Exactly one holds the Lease and runs inventory passes; the other never starts one.
+Exactly one holds the Lease (`kubectl get lease` shows it) and runs inventory passes;
+the other never starts one.
 Both keep answering `/readyz`, `/healthz` and the validating webhook (an AdmissionReview
 posted straight to each replica's TLS port) the whole time. When the leader is
 SIGKILLed the standby takes the Lease once it lapses and resumes the passes; when it is
@@ -15,7 +16,9 @@ the lease timings by construction, with slack for a loaded machine.
 from __future__ import annotations
 
 import json
+import os
 import ssl
+import subprocess
 import threading
 import time
 import urllib.error
@@ -166,9 +169,21 @@ class Prober:
 @dataclass
 class Pair:
     kube: Kube
+    cluster: Cluster
     namespace: str
     name: str
     replicas: list[Replica]
+
+    def kubectl_get_lease(self) -> str:
+        """`kubectl get lease -n <namespace>`, as an admin would look for the leader."""
+        done = subprocess.run(
+            [str(self.cluster.bin_dir / "kubectl"), "get", "lease", "-n", self.namespace],
+            env={**os.environ, **self.cluster.env()},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout
 
     def lease(self) -> k8s.V1Lease | None:
         api = k8s.CoordinationV1Api(self.kube.api_client)
@@ -264,7 +279,7 @@ def pair(
             replicas.append(
                 Replica(label, OperatorProcess(cluster.kubeconfig, args, log_dir), port, ca_path)
             )
-        made = Pair(kube, namespace, name, replicas)
+        made = Pair(kube, cluster, namespace, name, replicas)
         try:
             for replica in replicas:
                 # The pod name part of the holder identity (the Deployment sets POD_ID).
@@ -302,6 +317,11 @@ def test_one_replica_leads_and_the_standby_takes_over_when_it_is_killed(pair: Pa
     assert lease.spec.lease_duration_seconds == int(LEASE_DURATION)
     transitions = lease.spec.lease_transitions or 0
     assert standby.metric(LEADER) == 0
+    shown = pair.kubectl_get_lease()
+    assert "HOLDER" in shown
+    assert f"{LEASE} " in shown
+    assert f"{leader.name}_" in shown
+    assert f"{standby.name}_" not in shown
 
     with Prober(pair.replicas, pair.thundercluster()) as prober:
         # A change is reconciled by the leader, and only by it.
