@@ -124,6 +124,8 @@ class DaemonProcess:
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = root / "daemon.log"
         self.starts = 0
+        # Variables added to the daemon's environment at the next start (OTEL_*, ...).
+        self.environment: dict[str, str] = {}
 
     @property
     def plugin_root(self) -> Path:
@@ -217,6 +219,7 @@ class DaemonProcess:
             "POD_NAMESPACE": "thunder-system",
             "THUNDER_API_TOKEN": API_TOKEN,
             "KUBECONFIG": str(self.kubeconfig),
+            **self.environment,
         }
         command = self.args()
         if crash_at:

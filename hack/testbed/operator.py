@@ -62,6 +62,8 @@ class OperatorProcess:
         self.metrics_port = free_port()
         self.popen: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        # Variables for the next start, over the defaults (tracing is off by default).
+        self.environment: dict[str, str] = {}
 
     @property
     def log_path(self) -> Path:
@@ -70,7 +72,12 @@ class OperatorProcess:
     def start(self, extra_args: Sequence[str] = ()) -> None:
         assert self.popen is None or self.popen.poll() is not None, "already running"
         self.starts += 1
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "OTEL_SDK_DISABLED": "true"}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "OTEL_SDK_DISABLED": "true",
+            **self.environment,
+        }
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         command = [
             sys.executable,
