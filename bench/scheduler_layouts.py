@@ -36,12 +36,12 @@ zone, the class selector then matching gpu_type (names the model exactly as Thun
 spells it: only possible while every spelling fits an attribute and zones agree on it)."""
 
 SELECTORS: Final = ("operator", "attribute-first", "driver-first", "attribute-only")
-"""operator: the operator's own selector (deviceclasses.selector_expression, today
-attribute == Y && driver == X). attribute-first: attribute == Y && driver == X (same
+"""operator: the operator's own selector (deviceclasses.selector_expression:
+driver == X && attribute == Y). attribute-first: attribute == Y && driver == X (same
 result as driver first: CEL's && is false if either side is false, even if the other
 side is an error, such as a missing attribute on another driver's device; a device of
-another model fails on the first test). driver-first: driver == X && attribute == Y,
-the selector of releases before the attribute-first order. attribute-only: the
+another model fails on the first test; measured no faster). driver-first: driver == X
+&& attribute == Y, spelled out (today the operator's). attribute-only: the
 attribute test alone (measured only: it would match another driver's device that
 carries thundercompute.com attributes)."""
 

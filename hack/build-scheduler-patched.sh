@@ -53,7 +53,7 @@ if [ "${1:-}" = "--test" ]; then
       > "$work/dra/structured/internal/unpatched/$(basename "$f")"
   done
   patch -p1 --quiet -d "$work/dra" < "$patch_file"
-  cp "$mod/cross_node_cache_test.go" "$inc/"
+  cp "$mod"/*_test.go "$inc/"
   (cd "$work/dra" && go vet ./structured/internal/incubating/ \
      && go test -count=1 "${@:2}" ./structured/internal/incubating/)
   exit

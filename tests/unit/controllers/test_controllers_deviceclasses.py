@@ -59,10 +59,10 @@ def test_empty_prefix_keeps_the_classes_without_an_extended_resource() -> None:
 def _evaluate(expression: str, driver: str, attributes: dict[str, dict[str, str]]) -> bool:
     """Evaluate the one CEL shape selector_expression produces."""
     match = re.fullmatch(
-        r'device\.attributes\["(.*)"\]\.(\w+) == "(.*)" && device\.driver == "(.*)"', expression
+        r'device\.driver == "(.*)" && device\.attributes\["(.*)"\]\.(\w+) == "(.*)"', expression
     )
     assert match is not None, expression
-    domain, attribute, value, want_driver = match.groups()
+    want_driver, domain, attribute, value = match.groups()
     attribute_value = attributes.get(f"{domain}/{attribute}", {}).get("string")
     return driver == want_driver and attribute_value == value
 
@@ -83,10 +83,10 @@ def test_each_class_selects_exactly_its_models_devices(models: list[str]) -> Non
                 assert selected == (pool.type_label == device_class.type_label)
 
 
-def test_selector_expression_tests_the_label_before_the_driver() -> None:
+def test_selector_expression_names_driver_and_label() -> None:
     assert selector_expression("thundercompute.com", "a6000") == (
-        'device.attributes["thundercompute.com"].gpu_type_label == "a6000" && '
-        'device.driver == "thundercompute.com"'
+        'device.driver == "thundercompute.com" && '
+        'device.attributes["thundercompute.com"].gpu_type_label == "a6000"'
     )
 
 
