@@ -8,6 +8,8 @@ Both keep answering `/readyz`, `/healthz` and the validating webhook (an Admissi
 posted straight to each replica's TLS port) the whole time. When the leader is
 SIGKILLed the standby takes the Lease once it lapses and resumes the passes; when it is
 stopped with SIGTERM it releases the Lease and the standby takes it on its next retry.
+When another holder overwrites the Lease, the leader stops leading and cancels its
+loops at its next renewal, and a replica leads again once that holder's lease lapses.
 
 The takeover times are printed (run with -s), not asserted: the waits are bounded by
 the lease timings by construction, with slack for a loaded machine.
@@ -26,6 +28,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -387,3 +390,53 @@ def test_a_graceful_stop_releases_the_lease_and_the_standby_takes_it_at_once(
         f"\nSIGTERM to exit: {stopped - stopping:.2f}s; "
         f"takeover after exit: {took:.2f}s (retry period {RETRY_PERIOD:g}s)"
     )
+
+
+def test_a_leader_whose_lease_is_taken_stops_reconciling_at_once(pair: Pair) -> None:
+    leader, standby = pair.leader_and_standby()
+    api = k8s.CoordinationV1Api(pair.kube.api_client)
+
+    def take() -> bool:
+        lease = api.read_namespaced_lease(LEASE, pair.namespace)
+        assert lease.spec is not None
+        lease.spec.holder_identity = "intruder"
+        lease.spec.renew_time = datetime.now(UTC)
+        try:
+            api.replace_namespaced_lease(LEASE, pair.namespace, lease)
+        except k8s.ApiException as exc:
+            if exc.status == 409:  # the leader renewed in between: read again
+                return False
+            raise
+        return True
+
+    with Prober(pair.replicas, pair.thundercluster()) as prober:
+        wait_for(take, "the Lease overwritten by another holder", timeout=SLACK)
+        # At the leader's next renewal (a retry period) it sees the other holder.
+        wait_for(
+            lambda: leader.metric(LEADER) == 0,
+            "the leader to stop leading",
+            timeout=RETRY_PERIOD + SLACK,
+        )
+        records = leader.process.log_records()
+        stopped = [r for r in records if r.get("message") == "stopped leading"]
+        assert stopped
+        assert "intruder" in str(stopped[-1])
+        wait_for(
+            lambda: any(
+                r.get("message") == "stopped reconciling ThunderCluster"
+                for r in leader.process.log_records()
+            ),
+            "the leader's loops to stop",
+            timeout=SLACK,
+        )
+        assert standby.metric(LEADER) == 0
+        # The intruder never renews: once its lease lapses a replica leads again.
+        wait_for(
+            lambda: pair.replica_holding() is not None,
+            "a replica to take the lapsed Lease",
+            timeout=LEASE_DURATION + RETRY_PERIOD * 2.2 + SLACK,
+        )
+        again = pair.replica_holding()
+        assert again is not None
+        wait_for(lambda: again.metric(LEADER) == 1, "the new term's gauge", timeout=SLACK)
+    assert prober.failures == []
