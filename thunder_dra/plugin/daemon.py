@@ -19,28 +19,18 @@ from typing import Any
 from thunder_dra import fsutil
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
-from thunder_dra.kube.provenance import ProvenanceKey
 from thunder_dra.kube.transport import build_client
-from thunder_dra.plugin.allocation import PoolResolver, ZoneIds
-from thunder_dra.plugin.cdi import CdiSpecStore
-from thunder_dra.plugin.checkpoint import CheckpointStore, CheckpointVersionError
+from thunder_dra.plugin import lifecycle
+from thunder_dra.plugin.checkpoint import CheckpointVersionError
 from thunder_dra.plugin.config import DaemonConfig
 from thunder_dra.plugin.crashpoints import CrashPoints
 from thunder_dra.plugin.enrollment import NodeEnroller
-from thunder_dra.plugin.handler import ClaimService, ClaimSlots
+from thunder_dra.plugin.handler import ClaimService
 from thunder_dra.plugin.hostrunner import HostNamespaceRunner, HostRunner, LocalRunner
-from thunder_dra.plugin.libcache import LibthunderCache
-from thunder_dra.plugin.library import LibraryProvider
-from thunder_dra.plugin.locks import KeyedLocks, NodeSerializeLock
 from thunder_dra.plugin.metrics import DaemonMetrics, EnrollmentState
 from thunder_dra.plugin.node import NodeInfo, check_gpu_driver, node_info
-from thunder_dra.plugin.prepare import PrepareDeps, Preparer
-from thunder_dra.plugin.records import Records
-from thunder_dra.plugin.recovery import InstanceJournal, Recovery
-from thunder_dra.plugin.repair import Repairer
-from thunder_dra.plugin.rollback import Undo
+from thunder_dra.plugin.recovery import InstanceJournal
 from thunder_dra.plugin.service import PluginServer, SocketPaths
-from thunder_dra.plugin.unprepare import Unpreparer
 from thunder_dra.process.health import HealthServer
 from thunder_dra.process.logs import SecretScrubber
 from thunder_dra.process.tracing import DAEMON_SERVICE, configure_tracing
@@ -172,74 +162,17 @@ class Daemon:
             tracer_provider=tracer_provider,
         )
         self._closers.append(fetcher.aclose)
-        cache = LibthunderCache(
-            cfg.library_cache_dir,
-            lambda url, dest, sha: fetcher.download_library(url, sha, dest),
-        )
-        checkpoint = CheckpointStore(cfg.checkpoint_dir)
-        cdi = CdiSpecStore(cfg.cdi_dir)
-        records = Records(kube, node.name, ProvenanceKey(cfg.api_token))
-        undo = Undo(
-            thunder=thunder,
-            cdi=cdi,
-            claims_root=cfg.claims_dir,
-            records=records,
-            checkpoint=checkpoint,
-            metrics=self.metrics,
-        )
-        abandoned: set[str] = set()
-        library = LibraryProvider(
-            fetcher,
-            cache,
-            cfg.installer_url,
-            installer_sha256=cfg.installer_sha256,
-            library_sha256=cfg.library_sha256,
-        )
-        deps = PrepareDeps(
+        claims = lifecycle.assemble(
             config=cfg,
+            node_name=node.name,
             kube=kube,
             thunder=thunder,
-            journal=own.journal,
-            checkpoint=checkpoint,
-            cdi=cdi,
-            library=library,
-            records=records,
-            undo=undo,
-            pools=PoolResolver(kube, cfg.driver_name),
-            zones=ZoneIds(thunder),
+            fetcher=fetcher,
+            own=own,
+            metrics=self.metrics,
+            tracer=tracer_provider.get_tracer("thunder_dra.plugin"),
             crash=self.crash,
             scrubber=self.scrubber,
-            abandoned=abandoned,
-        )
-        preparer = Preparer(deps)
-        repairer = Repairer(preparer)
-        unpreparer = Unpreparer(
-            node_name=node.name,
-            checkpoint=checkpoint,
-            records=records,
-            undo=undo,
-            crash=self.crash,
-        )
-        claim_locks = KeyedLocks()
-        recovery: Recovery | None = None
-
-        async def reload_shared_state() -> None:
-            assert recovery is not None
-            await recovery.load_checkpoint()
-
-        node_lock = NodeSerializeLock(cfg.serialize_lock, reload_shared_state)
-        recovery = Recovery(
-            own=own,
-            journal_root=cfg.journal_root,
-            checkpoint=checkpoint,
-            undo=undo,
-            preparer=preparer,
-            repairer=repairer,
-            unpreparer=unpreparer,
-            cache=cache,
-            node_lock=node_lock,
-            claim_locks=claim_locks,
-            abandoned=abandoned,
         )
         enroller: NodeEnroller | None = None
         if node.serving:
@@ -249,32 +182,20 @@ class Daemon:
                 runner=runner,
                 thunder=thunder,
                 journal=own.journal,
-                undo=undo,
+                undo=claims.undo,
                 metrics=self.metrics,
                 crash=self.crash,
                 scrubber=self.scrubber,
-                abandoned=abandoned,
-                installer=library.fetch_installer,
+                abandoned=claims.abandoned,
+                installer=claims.library.fetch_installer,
             )
             await enroller.load()
         try:
-            await recovery.startup()
+            await claims.recovery.startup()
         except CheckpointVersionError as err:
             raise StartupError(f"{err}; run the daemon version that wrote it") from None
-        self.metrics.prepared_claims.set(len(checkpoint.current.claims))
-
-        service = ClaimService(
-            preparer=preparer,
-            repairer=repairer,
-            unpreparer=unpreparer,
-            checkpoint=checkpoint,
-            records=records,
-            node_lock=node_lock,
-            claim_locks=claim_locks,
-            metrics=self.metrics,
-            tracer=tracer_provider.get_tracer("thunder_dra.plugin"),
-            slots=ClaimSlots(cfg.claim_concurrency, self.metrics.registry),
-        )
+        self.metrics.prepared_claims.set(len(claims.checkpoint.current.claims))
+        service = claims.service
         paths = SocketPaths.for_instance(
             cfg.driver_name, cfg.instance_id, cfg.registry_dir, cfg.plugin_dir
         )
@@ -308,7 +229,9 @@ class Daemon:
         if enroller is not None:
             self._tasks.append(asyncio.create_task(enroller.run(), name="node-enrollment"))
         self._tasks.append(
-            asyncio.create_task(recovery.sweep_forever(cfg.intervals.sweep), name="journal-sweep")
+            asyncio.create_task(
+                claims.recovery.sweep_forever(cfg.intervals.sweep), name="journal-sweep"
+            )
         )
         log.info("daemon ready to serve", extra={"instance": cfg.instance_id})
         return server, health, service

@@ -4,9 +4,8 @@
 answering through its httpx transport, so no socket is opened), the fake apiserver
 (:class:`thunder_dra.kube.testing.FakeKube` behind the daemon's real
 :class:`thunder_dra.kube.client.KubeClient`) and the node's directories. Each
-:meth:`World.start` assembles a fresh daemon from them the way ``Daemon._start`` does
-(checkpoint, journal, records, CDI, library cache, preparer, repairer, unpreparer,
-recovery, the kubelet-facing claim service), so a test can "kill" one mid-step
+:meth:`World.start` assembles a fresh daemon from them with the daemon's own wiring
+(:func:`thunder_dra.plugin.lifecycle.assemble`), so a test can "kill" one mid-step
 (:class:`tests.unit.plugin.fakes.CrashAt`) and start the next on the same state.
 """
 
@@ -27,24 +26,17 @@ from hack.fake_thunder.service import FakeThunder
 from thunder_dra.api import ClaimReference
 from thunder_dra.kube import naming
 from thunder_dra.kube.client import KubeClient
-from thunder_dra.kube.provenance import ProvenanceKey
 from thunder_dra.kube.resources import CLIENTS, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, SECRETS
 from thunder_dra.kube.testing import FakeKube, parse_path
-from thunder_dra.plugin.allocation import PoolResolver, ZoneIds
-from thunder_dra.plugin.cdi import CdiSpecStore
+from thunder_dra.plugin import lifecycle
 from thunder_dra.plugin.checkpoint import CheckpointStore, CheckpointWriter, write_file
 from thunder_dra.plugin.config import DaemonConfig
 from thunder_dra.plugin.crashpoints import CrashPoints
-from thunder_dra.plugin.handler import ClaimService, ClaimSlots
-from thunder_dra.plugin.libcache import LibthunderCache
-from thunder_dra.plugin.library import LibraryProvider
-from thunder_dra.plugin.locks import KeyedLocks, NodeSerializeLock
+from thunder_dra.plugin.handler import ClaimService
 from thunder_dra.plugin.metrics import DaemonMetrics
-from thunder_dra.plugin.prepare import PrepareDeps, Preparer
-from thunder_dra.plugin.records import Records
+from thunder_dra.plugin.prepare import Preparer
 from thunder_dra.plugin.recovery import InstanceJournal, Recovery
 from thunder_dra.plugin.repair import Repairer
-from thunder_dra.plugin.rollback import Undo
 from thunder_dra.plugin.unprepare import Unpreparer
 from thunder_dra.process.logs import SecretScrubber
 from thunder_dra.thunder import ArtifactFetcher, RetryPolicy, Secret, ThunderClient
@@ -246,90 +238,34 @@ class World:
         )
         own = InstanceJournal(cfg.journal_root, instance)
         assert own.lock.try_acquire(), f"instance {instance} is still running"
-        cache = LibthunderCache(
-            cfg.library_cache_dir, lambda url, dest, sha: fetcher.download_library(url, sha, dest)
-        )
-        checkpoint = CheckpointStore(cfg.checkpoint_dir, writer=checkpoint_writer)
-        cdi = CdiSpecStore(cfg.cdi_dir)
-        records = Records(self.api, NODE, ProvenanceKey(cfg.api_token))
-        undo = Undo(
-            thunder=thunder,
-            cdi=cdi,
-            claims_root=cfg.claims_dir,
-            records=records,
-            checkpoint=checkpoint,
-            metrics=metrics,
-        )
-        abandoned: set[str] = set()
-        deps = PrepareDeps(
+        claims = lifecycle.assemble(
             config=cfg,
+            node_name=NODE,
             kube=self.api,
             thunder=thunder,
-            journal=own.journal,
-            checkpoint=checkpoint,
-            cdi=cdi,
-            library=LibraryProvider(fetcher, cache, cfg.installer_url),
-            records=records,
-            undo=undo,
-            pools=PoolResolver(self.api, DRIVER),
-            zones=ZoneIds(thunder),
-            crash=crash,
-            scrubber=SecretScrubber(),
-            abandoned=abandoned,
-        )
-        preparer = Preparer(deps)
-        repairer = Repairer(preparer)
-        unpreparer = Unpreparer(
-            node_name=NODE, checkpoint=checkpoint, records=records, undo=undo, crash=crash
-        )
-        claim_locks = KeyedLocks()
-        recovery: Recovery | None = None
-
-        async def reload() -> None:
-            assert recovery is not None
-            await recovery.load_checkpoint()
-
-        node_lock = NodeSerializeLock(cfg.serialize_lock, reload)
-        recovery = Recovery(
+            fetcher=fetcher,
             own=own,
-            journal_root=cfg.journal_root,
-            checkpoint=checkpoint,
-            undo=undo,
-            preparer=preparer,
-            repairer=repairer,
-            unpreparer=unpreparer,
-            cache=cache,
-            node_lock=node_lock,
-            claim_locks=claim_locks,
-            abandoned=abandoned,
-        )
-        if recover:
-            await recovery.startup()
-        service = ClaimService(
-            preparer=preparer,
-            repairer=repairer,
-            unpreparer=unpreparer,
-            checkpoint=checkpoint,
-            records=records,
-            node_lock=node_lock,
-            claim_locks=claim_locks,
             metrics=metrics,
             tracer=NoOpTracer(),
-            slots=ClaimSlots(4, registry),
+            crash=crash,
+            scrubber=SecretScrubber(),
+            checkpoint_writer=checkpoint_writer,
         )
+        if recover:
+            await claims.recovery.startup()
         return Daemon(
             config=cfg,
             thunder=thunder,
             fetcher=fetcher,
-            checkpoint=checkpoint,
-            preparer=preparer,
-            repairer=repairer,
-            unpreparer=unpreparer,
-            recovery=recovery,
-            service=service,
+            checkpoint=claims.checkpoint,
+            preparer=claims.preparer,
+            repairer=claims.repairer,
+            unpreparer=claims.unpreparer,
+            recovery=claims.recovery,
+            service=claims.service,
             own=own,
             metrics=metrics,
-            abandoned=abandoned,
+            abandoned=claims.abandoned,
             executor=executor,
         )
 

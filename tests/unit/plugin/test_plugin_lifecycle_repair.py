@@ -306,3 +306,20 @@ async def test_a_cdi_spec_that_cannot_be_written_is_rolled_back_with_its_client_
     assert world.node_files() == []
     assert world.open_journal_entries() == []
     await _prepare(daemon, ref)
+
+
+async def test_a_client_record_off_its_schema_is_neither_adopted_nor_revoked(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    first = await _prepare(daemon, ref)
+    await daemon.stop()
+    (record,) = world.client_records()
+    record["spec"]["gpuCount"] = 0  # below the schema's minimum
+    (daemon.config.state_dir / CHECKPOINT_FILE_NAME).unlink()
+    daemon = await world.start()
+    assert world.checkpoint_claims() == {}
+    assert world.live_tokens() == [first.enrollment_token_id]
+    assert len(world.client_records()) == 1
+    assert "a Client record does not match its schema; left alone" in caplog.messages
