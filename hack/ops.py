@@ -382,6 +382,29 @@ def cmd_uninstall(cluster: Cluster, stdin: TextIO, out: TextIO) -> int:
     return 0
 
 
+def _earlier_peering_names(s: Settings) -> list[str]:
+    """The ClusterKopfPeering objects releases before the Lease made: the chart named its
+    object after the release's full name; an operator run without the chart used its
+    default name."""
+    chart = "thunder-device-plugin"
+    fullname = s.release if chart in s.release else f"{s.release}-{chart}"
+    return sorted({fullname[:63].rstrip("-"), "thunder-dra-operator"})
+
+
+def _delete_named(
+    cluster: Cluster, api_version: str, kind: str, names: Sequence[str], out: TextIO
+) -> None:
+    res = cluster.resource(api_version, kind)
+    if res is None:
+        return
+    for name in names:
+        try:
+            res.delete(name=name)
+        except NotFoundError:
+            continue
+        out.write(f"deleted {kind.lower()}/{name}\n")
+
+
 def _delete_all(
     cluster: Cluster,
     api_version: str,
@@ -446,8 +469,9 @@ def cmd_purge(cluster: Cluster, stdin: TextIO, out: TextIO) -> int:
     _delete_all(cluster, "resource.k8s.io/v1", "ResourceSlice", APP_SELECTOR, out)
     _delete_all(cluster, "resource.k8s.io/v1", "DeviceClass", APP_SELECTOR, out)
     # Left by a release from before leader election moved to a Lease (the Lease goes
-    # with the namespace).
-    _delete_all(cluster, "kopf.dev/v1", "ClusterKopfPeering", None, out)
+    # with the namespace). Only this release's own peering objects: other kopf operators
+    # may use kopf's peering too.
+    _delete_named(cluster, "kopf.dev/v1", "ClusterKopfPeering", _earlier_peering_names(s), out)
     # Runtime Secrets the daemon labelled (KubeVirt setup Secrets are also owned by
     # their claims and go with them).
     _delete_all(cluster, "v1", "Secret", APP_SELECTOR, out)

@@ -16,15 +16,17 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
 
 from hack.cluster import Cluster
-from hack.testbed.kube import Kube
+from hack.testbed.kube import Kube, wait_for
 from tests.integration.packaging.ptykit import Session, run_on_pty
 
 REPO = Path(__file__).resolve().parents[3]
@@ -136,6 +138,70 @@ def _hold_as_the_operator_would(kube: Kube, name: str = "thunder") -> None:
     )
 
 
+PEERING_API = "kopf.dev/v1"
+PEERING_CRD = "clusterkopfpeerings.kopf.dev"
+
+
+def _peering_left_by_earlier_releases(kube: Kube) -> None:
+    """kopf's peering CRD and objects as a release from before the Lease left them, beside
+    another kopf operator's peering object."""
+    kube.create(
+        {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": PEERING_CRD},
+            "spec": {
+                "group": "kopf.dev",
+                "scope": "Cluster",
+                "names": {
+                    "plural": "clusterkopfpeerings",
+                    "singular": "clusterkopfpeering",
+                    "kind": "ClusterKopfPeering",
+                },
+                "versions": [
+                    {
+                        "name": "v1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {
+                            "openAPIV3Schema": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            }
+                        },
+                    }
+                ],
+            },
+        }
+    )
+    peerings = k8s.CustomObjectsApi(kube.api_client)
+    for name in ("thunder-device-plugin", "another-kopf-operator"):
+        body = {"apiVersion": PEERING_API, "kind": "ClusterKopfPeering", "metadata": {"name": name}}
+        wait_for(partial(_created, peerings, body), f"clusterkopfpeering/{name} created")
+
+
+def _peering(kube: Kube, name: str) -> dict[str, Any] | None:
+    try:
+        found: Any = k8s.CustomObjectsApi(kube.api_client).get_cluster_custom_object(
+            "kopf.dev", "v1", "clusterkopfpeerings", name
+        )
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return dict(found)
+
+
+def _created(peerings: k8s.CustomObjectsApi, body: dict[str, Any]) -> bool:
+    try:
+        peerings.create_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", body)
+    except ApiException as err:
+        if err.status == 404:  # the new CRD is not served yet
+            return False
+        raise
+    return True
+
+
 def test_install_creates_the_secret_without_showing_the_token(plane: Cluster, kube: Kube) -> None:
     session = _install(plane)
     assert TOKEN not in session.output
@@ -220,8 +286,16 @@ def test_purge_with_force_and_yes_removes_everything(plane: Cluster, kube: Kube)
             },
         }
     )
+    _peering_left_by_earlier_releases(kube)
     session = _ops(plane, "purge", FORCE="1", YES="1")
     assert session.returncode == 0, session.output
+    # The earlier release's peering object goes; another kopf operator's, and so the
+    # peering CRD it needs, stay.
+    assert "deleted clusterkopfpeering/thunder-device-plugin" in session.output
+    assert _peering(kube, "thunder-device-plugin") is None
+    assert _peering(kube, "another-kopf-operator") is not None
+    assert kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", PEERING_CRD)
+    kube.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", PEERING_CRD, None)
     assert PROMPT not in session.output
     assert "FORCE=1: going ahead although 1 Client(s) exist." in session.output
     assert f"deleted client/{client} -n default" in session.output
