@@ -23,7 +23,7 @@ import itertools
 import json
 import re
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -38,6 +38,13 @@ from thunder_dra.kube.client import (
     STRATEGIC_MERGE_PATCH,
     Request,
     Response,
+)
+from thunder_dra.kube.objectops import (
+    Refused,
+    field_matches,
+    json_patch,
+    label_matches,
+    merge_patch,
 )
 
 STATUS_SUBRESOURCE: Final = frozenset(
@@ -124,159 +131,6 @@ def status_body(status: int, reason: str, message: str, **details: Any) -> JSON:
     return body
 
 
-class _Answer(Exception):
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.reason, self.message = status, reason, message
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386."""
-    if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise _Answer(422, "Invalid", f"JSON pointer must start with '/': {path!r}")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def _parent(doc: Any, tokens: list[str], path: str) -> tuple[Any, str]:
-    node = doc
-    for token in tokens[:-1]:
-        try:
-            node = node[int(token)] if isinstance(node, list) else node[token]
-        except (KeyError, IndexError, ValueError, TypeError):
-            raise _Answer(422, "Invalid", f"path {path!r} does not exist") from None
-    return node, tokens[-1]
-
-
-def json_patch(doc: Any, operations: Iterable[Mapping[str, Any]]) -> Any:
-    """RFC 6902: add, remove, replace, test, copy, move."""
-    doc = copy.deepcopy(doc)
-    for op in operations:
-        kind, path = op.get("op"), str(op.get("path", ""))
-        tokens = _pointer(path)
-        if not tokens:
-            raise _Answer(422, "Invalid", "patching the whole document is not supported")
-        if kind in ("copy", "move"):
-            source = _pointer(str(op.get("from", "")))
-            holder, last = _parent(doc, source, str(op.get("from")))
-            value = _get(holder, last, str(op.get("from")))
-            if kind == "move":
-                _remove(holder, last, str(op.get("from")))
-            op = {"op": "add", "path": path, "value": copy.deepcopy(value)}
-            kind = "add"
-        holder, last = _parent(doc, tokens, path)
-        if kind == "test":
-            if _get(holder, last, path) != op.get("value"):
-                raise _Answer(422, "Invalid", f"the test of {path!r} failed")
-        elif kind == "remove":
-            _remove(holder, last, path)
-        elif kind == "replace":
-            _get(holder, last, path)
-            _set(holder, last, op.get("value"), path, insert=False)
-        elif kind == "add":
-            _set(holder, last, copy.deepcopy(op.get("value")), path, insert=True)
-        else:
-            raise _Answer(422, "Invalid", f"unknown JSON patch operation {kind!r}")
-    return doc
-
-
-def _get(holder: Any, last: str, path: str) -> Any:
-    try:
-        return holder[int(last)] if isinstance(holder, list) else holder[last]
-    except (KeyError, IndexError, ValueError, TypeError):
-        raise _Answer(422, "Invalid", f"path {path!r} does not exist") from None
-
-
-def _remove(holder: Any, last: str, path: str) -> None:
-    _get(holder, last, path)
-    if isinstance(holder, list):
-        del holder[int(last)]
-    else:
-        del holder[last]
-
-
-def _set(holder: Any, last: str, value: Any, path: str, *, insert: bool) -> None:
-    if isinstance(holder, list):
-        if last == "-" and insert:
-            holder.append(value)
-            return
-        try:
-            index = int(last)
-        except ValueError:
-            raise _Answer(422, "Invalid", f"bad array index in {path!r}") from None
-        if not 0 <= index <= len(holder) - (0 if insert else 1):
-            raise _Answer(422, "Invalid", f"index out of range in {path!r}")
-        if insert:
-            holder.insert(index, value)
-        else:
-            holder[index] = value
-    elif isinstance(holder, dict):
-        holder[last] = value
-    else:
-        raise _Answer(422, "Invalid", f"path {path!r} does not exist")
-
-
-_REQUIREMENT = re.compile(r"\s*([^,\s]+\s+(?:notin|in)\s+\([^)]*\)|[^,]+)\s*(?:,|$)")
-
-
-def label_matches(labels: Mapping[str, str], selector: str) -> bool:
-    """Whether labels satisfy a label selector string."""
-    for match in _REQUIREMENT.finditer(selector):
-        term = match.group(1).strip()
-        if not term:
-            continue
-        set_term = re.fullmatch(r"(\S+)\s+(in|notin)\s+\(([^)]*)\)", term)
-        if set_term:
-            key, op, values = set_term.groups()
-            wanted = {v.strip() for v in values.split(",") if v.strip()}
-            inside = key in labels and labels[key] in wanted
-            if inside != (op == "in"):
-                return False
-        elif "!=" in term:
-            key, value = (s.strip() for s in term.split("!=", 1))
-            if labels.get(key) == value:
-                return False
-        elif "=" in term:
-            key, value = (s.strip() for s in term.replace("==", "=").split("=", 1))
-            if labels.get(key) != value:
-                return False
-        elif term.startswith("!"):
-            if term[1:].strip() in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
-
-
-def field_matches(obj: Mapping[str, Any], selector: str) -> bool:
-    """Whether an object satisfies an equality field selector (``a.b=v``, ``a.b!=v``)."""
-    for term in (t.strip() for t in selector.split(",")):
-        if not term:
-            continue
-        negate = "!=" in term
-        key, value = term.split("!=" if negate else "=", 1)
-        node: Any = obj
-        for part in key.replace("==", "").strip().split("."):
-            node = node.get(part) if isinstance(node, Mapping) else None
-        found = "" if node is None else str(node)
-        if (found == value.lstrip("=").strip()) == negate:
-            return False
-    return True
-
-
 @dataclass
 class FakeKube:
     """An in-memory apiserver; pass it to ``KubeClient`` as the transport."""
@@ -359,7 +213,7 @@ class FakeKube:
             return Response(fault.status, "Injected", json.dumps(body).encode())
         try:
             answer = self._handle(request)
-        except _Answer as exc:
+        except Refused as exc:
             body = status_body(exc.status, exc.reason, exc.message)
             return Response(exc.status, exc.reason, json.dumps(body).encode())
         return Response(200 if request.method != "POST" else 201, "OK", json.dumps(answer).encode())
@@ -370,7 +224,7 @@ class FakeKube:
         try:
             address = parse_path(request.path)
         except ValueError as exc:
-            raise _Answer(404, "NotFound", str(exc)) from None
+            raise Refused(404, "NotFound", str(exc)) from None
         query = dict(request.query)
         body = self._decode(request)
         dry_run = "dryRun" in query
@@ -384,7 +238,7 @@ class FakeKube:
         }
         handler = handlers.get((request.method, address.name is not None))
         if handler is None:
-            raise _Answer(405, "MethodNotAllowed", f"{request.method} {request.path}")
+            raise Refused(405, "MethodNotAllowed", f"{request.method} {request.path}")
         return handler()
 
     def _decode(self, request: Request) -> Any:
@@ -395,13 +249,13 @@ class FakeKube:
                 return yaml.safe_load(request.body)
             return json.loads(request.body)
         except (ValueError, yaml.YAMLError) as exc:
-            raise _Answer(400, "BadRequest", f"the body is not valid: {exc}") from None
+            raise Refused(400, "BadRequest", f"the body is not valid: {exc}") from None
 
     def _stored(self, address: Address) -> JSON:
         found = self.objects.get(address.key)
         if found is None:
             what = f"{address.plural} {address.name!r}"
-            raise _Answer(404, "NotFound", f"{what} not found")
+            raise Refused(404, "NotFound", f"{what} not found")
         return found
 
     def _version(self) -> str:
@@ -424,7 +278,7 @@ class FakeKube:
         start = 0
         if query.get("continue"):
             if self.expire_continue_tokens:
-                raise _Answer(410, "Expired", "the provided continue parameter is too old")
+                raise Refused(410, "Expired", "the provided continue parameter is too old")
             start = int(query["continue"])
         metadata: JSON = {"resourceVersion": self._version()}
         limit = int(query.get("limit") or 0)
@@ -442,23 +296,23 @@ class FakeKube:
 
     def _create(self, address: Address, body: Any, *, dry_run: bool) -> JSON:
         if not isinstance(body, dict):
-            raise _Answer(400, "BadRequest", "the body must be an object")
+            raise Refused(400, "BadRequest", "the body must be an object")
         obj = copy.deepcopy(body)
         metadata = obj.setdefault("metadata", {})
         if not metadata.get("name") and metadata.get("generateName"):
             metadata["name"] = metadata["generateName"] + uuid.uuid4().hex[:5]
         name = metadata.get("name")
         if not name:
-            raise _Answer(422, "Invalid", "metadata.name: Required value")
+            raise Refused(422, "Invalid", "metadata.name: Required value")
         if address.plural not in _CLUSTER_SCOPED:
             if address.namespace is None:
-                raise _Answer(404, "NotFound", f"{address.plural} are namespaced")
+                raise Refused(404, "NotFound", f"{address.plural} are namespaced")
             if metadata.get("namespace", address.namespace) != address.namespace:
-                raise _Answer(400, "BadRequest", "the namespace of the object does not match")
+                raise Refused(400, "BadRequest", "the namespace of the object does not match")
             metadata["namespace"] = address.namespace
         item = Address(address.api, address.plural, address.namespace, name, None)
         if item.key in self.objects:
-            raise _Answer(409, "AlreadyExists", f'{address.plural} "{name}" already exists')
+            raise Refused(409, "AlreadyExists", f'{address.plural} "{name}" already exists')
         metadata["uid"] = str(uuid.uuid4())
         metadata["resourceVersion"] = self._version()
         metadata["creationTimestamp"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -470,7 +324,7 @@ class FakeKube:
     def _check_version(self, stored: JSON, body: Any) -> None:
         wanted = ((body or {}).get("metadata") or {}).get("resourceVersion")
         if wanted and wanted != stored["metadata"]["resourceVersion"]:
-            raise _Answer(
+            raise Refused(
                 409,
                 "Conflict",
                 "the object has been modified; please apply your changes to the latest "
@@ -504,7 +358,7 @@ class FakeKube:
     def _replace(self, address: Address, body: Any) -> JSON:
         stored = self._stored(address)
         if not isinstance(body, dict):
-            raise _Answer(400, "BadRequest", "the body must be an object")
+            raise Refused(400, "BadRequest", "the body must be an object")
         self._check_version(stored, body)
         return self._store(address, stored, copy.deepcopy(body))
 
@@ -513,23 +367,23 @@ class FakeKube:
     ) -> JSON:
         if content_type == APPLY_PATCH and address.key not in self.objects:
             if not query.get("fieldManager"):
-                raise _Answer(422, "Invalid", "fieldManager is required for apply")
+                raise Refused(422, "Invalid", "fieldManager is required for apply")
             collection = Address(address.api, address.plural, address.namespace, None, None)
             return self._create(collection, body, dry_run="dryRun" in query)
         stored = self._stored(address)
         if content_type == JSON_PATCH:
             if not isinstance(body, list):
-                raise _Answer(400, "BadRequest", "a JSON patch is a list of operations")
+                raise Refused(400, "BadRequest", "a JSON patch is a list of operations")
             new = json_patch(stored, body)
         elif content_type in (MERGE_PATCH, STRATEGIC_MERGE_PATCH, APPLY_PATCH):
             if not isinstance(body, dict):
-                raise _Answer(400, "BadRequest", "a merge patch is an object")
+                raise Refused(400, "BadRequest", "a merge patch is an object")
             if content_type == APPLY_PATCH and not query.get("fieldManager"):
-                raise _Answer(422, "Invalid", "fieldManager is required for apply")
+                raise Refused(422, "Invalid", "fieldManager is required for apply")
             self._check_version(stored, body)
             new = merge_patch(stored, body)
         else:
-            raise _Answer(415, "UnsupportedMediaType", f"patch type {content_type!r}")
+            raise Refused(415, "UnsupportedMediaType", f"patch type {content_type!r}")
         return self._store(address, stored, new)
 
     def _delete(self, address: Address, body: Any) -> JSON:
@@ -538,7 +392,7 @@ class FakeKube:
         for key in ("uid", "resourceVersion"):
             wanted = preconditions.get(key)
             if wanted and wanted != stored["metadata"].get(key):
-                raise _Answer(
+                raise Refused(
                     409, "Conflict", f"Precondition failed: {key} in precondition: {wanted}"
                 )
         if stored["metadata"].get("finalizers"):
