@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,28 @@ API_SERVICE_IP = "198.18.1.1"
 CGROUP_ROOT = "thunder-dra-node"
 RECORDS = Path("/run/thunder-dra-node")
 NODE_NAME = "thunder-node-0"
-CONTROLLERS = ("node-lifecycle-controller",)
+# A serving certificate from the cluster CA for the bridge address (Cluster.server_certs):
+# pods trust it through their service-account ca.crt, e.g. for a fake Thunder over https.
+BRIDGE_CERT = "bridge-server"
+NSINIT = Path(__file__).resolve().parent / "nsinit.py"
+FAKE_HOST_TOOLS = ("thunder", "nvidia-smi", "thunder-fake-installer")
+# Inside the node's mount namespace: host paths the kubelet, containerd, CNI and the
+# chart's daemon (hostPath volumes) write get a tmpfs of their own.
+SANDBOX_TMPFS = (
+    "/run/cdi",
+    "/run/containerd",
+    "/var/lib/thunder-dra",
+    "/var/lib/cni",
+    "/var/log/containers",
+    "/var/log/pods",
+)
+# ... and these show the node's own directories: the kubelet's root, where the chart's
+# default kubelet paths point, and the fake host tools first on the host's PATH.
+SANDBOX_KUBELET_ROOT = "/var/lib/kubelet"
+SANDBOX_HOST_BIN = "/usr/local/sbin"
+# The node-lifecycle controller clears the not-ready taint; the endpoints controllers
+# give Services of real pods (the chart's webhook) endpoints the apiserver can call.
+CONTROLLERS = ("node-lifecycle-controller", "endpoints-controller", "endpointslice-controller")
 CNI_BIN = Path("/usr/lib/cni")
 # Kernel settings the kubelet sets at start (pkg/kubelet/cm setupKernelTunables).
 SYSCTLS = (
@@ -149,6 +170,7 @@ def node_cluster_config(**overrides: Any) -> ClusterConfig:
         aggregator_routing=True,
         nodes=(NODE_NAME,),
         extra_controllers=CONTROLLERS,
+        server_certs=((BRIDGE_CERT, (BRIDGE_IP,)),),
         **overrides,
     )
 
@@ -162,6 +184,15 @@ class NodeConfig:
     images: tuple[Path, ...] = ()
     ready_timeout: float = 120.0
     log_level: int = 2
+    # Run containerd and the kubelet (and so every pod) in a private PID and mount
+    # namespace whose PID 1 is hack/node/nsinit.py: a hostPID pod's `nsenter --target 1`
+    # enters it, where the fake host tools shadow the host's and the host paths the
+    # daemon writes (/run/cdi, /var/lib/thunder-dra, /var/lib/kubelet) are the node's.
+    sandbox: bool = True
+    # Labels the kubelet registers the Node with (e.g. the zone and the serving role).
+    node_labels: dict[str, str] = field(default_factory=dict)
+    # More environment for the fake host tools (e.g. SSL_CERT_FILE for an https fake).
+    host_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -169,6 +200,9 @@ class _Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    # The process itself when popen is the nsenter that started it in the node's
+    # namespaces (nsenter forwards no signal), else popen's.
+    target: int = 0
 
 
 def _die_with_parent() -> None:
@@ -183,6 +217,24 @@ def _run(argv: list[str], *, check: bool = True, timeout: float = 120) -> str:
     if check and proc.returncode != 0:
         raise NodeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def _child_of(pid: int, timeout: float = 10.0) -> int:
+    """The (first) child of ``pid``: what an ``nsenter`` or ``unshare --fork`` started."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            found = children.read_text().split()
+            if found:
+                return int(found[0])
+        time.sleep(0.02)
+    raise NodeError(f"process {pid} started no child within {timeout:.0f}s")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -218,6 +270,11 @@ class Node:
         self.containerd_socket = self.workdir / "containerd" / "containerd.sock"
         self.cdi_dir = self.workdir / "cdi"
         self.kubelet_root = self.workdir / "kubelet"
+        # The fake host tools' state (hack.fake_host.FakeHost) and their wrappers, which
+        # the sandbox shows at /usr/local/sbin.
+        self.fake_host_dir = self.workdir / "fake-host"
+        self.host_bin = self.workdir / "host-sbin"
+        self.init_pid = 0
         self.started_at = 0.0
         self.ready_after = 0.0
         self._procs: list[_Proc] = []
@@ -242,6 +299,8 @@ class Node:
             self._write_record()
             self._network()
             self._relay()
+            if self.config.sandbox:
+                self._start_sandbox()
             self._start_containerd()
             self._import_images()
             self._start_kubelet()
@@ -254,11 +313,12 @@ class Node:
     def stop(self) -> None:
         for proc in reversed(self._procs):
             if proc.popen.poll() is None:
-                proc.popen.send_signal(signal.SIGTERM)
+                _signal(proc.target or proc.popen.pid, signal.SIGTERM)
         for proc in reversed(self._procs):
             try:
                 proc.popen.wait(timeout=15)
             except subprocess.TimeoutExpired:
+                _signal(proc.target or proc.popen.pid, signal.SIGKILL)
                 proc.popen.kill()
                 proc.popen.wait()
         if self._record:
@@ -270,14 +330,75 @@ class Node:
         """Stop the kubelet and containerd (a reboot of the node's runtime), then start them."""
         for name in ("kubelet", "containerd"):
             self._stop_proc(name)
-        _kill_matching(str(self.workdir), exclude={os.getpid()})
+        keep = {os.getpid(), *(p.popen.pid for p in self._procs), *(p.target for p in self._procs)}
+        _kill_matching(str(self.containerd_socket), exclude=keep)
         if between is not None:
             between()
         self._start_containerd()
         self._start_kubelet()
         self._wait_ready()
 
+    def host_path(self, path: str | Path) -> Path:
+        """Where a path of the node's mount namespace is visible from this machine."""
+        if not self.config.sandbox or not self.init_pid:
+            return Path(path)
+        return Path(f"/proc/{self.init_pid}/root") / Path(path).relative_to("/")
+
     # -- steps ---------------------------------------------------------------------
+    def _fake_host_tools(self) -> None:
+        self.fake_host_dir.mkdir(exist_ok=True)
+        self.host_bin.mkdir(exist_ok=True)
+        env = {"THUNDER_FAKE_HOST": str(self.fake_host_dir), **self.config.host_env}
+        exports = "".join(f"export {k}='{v}'\n" for k, v in sorted(env.items()))
+        for tool in FAKE_HOST_TOOLS:
+            wrapper = self.host_bin / tool
+            wrapper.write_text(
+                "#!/bin/sh\n# Fake host tool of a real test node (hack/fake_host).\n"
+                f"{exports}exec /usr/bin/python3 {REPO / 'hack' / 'fake_host' / 'bin' / tool} "
+                '"$@"\n'
+            )
+            wrapper.chmod(0o755)
+
+    def _start_sandbox(self) -> None:
+        """PID 1 of the node's private PID and mount namespaces, with its mounts made."""
+        self._fake_host_tools()
+        self.kubelet_root.mkdir(exist_ok=True)
+        for target in (*SANDBOX_TMPFS, SANDBOX_KUBELET_ROOT):
+            Path(target).mkdir(parents=True, exist_ok=True)
+        mounts: list[dict[str, Any]] = [{"target": t, "tmpfs": True} for t in SANDBOX_TMPFS]
+        mounts += [
+            {"target": SANDBOX_KUBELET_ROOT, "source": str(self.kubelet_root)},
+            {"target": SANDBOX_HOST_BIN, "source": str(self.host_bin)},
+        ]
+        ready = self.workdir / "nsinit.ready"
+        self._spawn(
+            "nsinit",
+            [
+                "unshare",
+                "--pid",
+                "--mount",
+                "--fork",
+                "--mount-proc",
+                "--propagation",
+                "private",
+                shutil.which("python3") or "/usr/bin/python3",
+                str(NSINIT),
+                str(ready),
+                json.dumps(mounts),
+            ],
+        )
+        unshare = self._procs[-1]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            self._check_alive()
+            if ready.exists():
+                self.init_pid = unshare.target = _child_of(unshare.popen.pid)
+                self._record["init_pid"] = self.init_pid
+                Path(self._record["record"]).write_text(json.dumps(self._record))
+                return
+            time.sleep(0.05)
+        raise NodeError(f"the node's namespace init did not start\n{self.log_tail('nsinit')}")
+
     def _write_record(self) -> None:
         RECORDS.mkdir(parents=True, exist_ok=True)
         sysctls = {}
@@ -354,6 +475,9 @@ class Node:
         w.mkdir(exist_ok=True)
         self.cdi_dir.mkdir(exist_ok=True)
         cdi_dirs = [str(self.cdi_dir), *self.config.cdi_dirs]
+        if self.config.sandbox:
+            # The chart's daemon writes claim specs to the host's /var/run/cdi.
+            cdi_dirs.insert(0, "/run/cdi")
         runtime = "io.containerd.cri.v1.runtime"
         config = f"""version = 3
 root = "{w / "root"}"
@@ -513,7 +637,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
     def _start_kubelet(self) -> None:
         self._cgroups()
         config = self._kubelet_config()
-        root = self.kubelet_root
+        root = Path(SANDBOX_KUBELET_ROOT) if self.config.sandbox else self.kubelet_root
+        labels = ",".join(f"{k}={v}" for k, v in sorted(self.config.node_labels.items()))
         self._spawn(
             "kubelet",
             [
@@ -525,6 +650,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
                 f"--hostname-override={self.config.name}",
                 f"--node-ip={BRIDGE_IP}",
                 f"--v={self.config.log_level}",
+                *([f"--node-labels={labels}"] if labels else []),
             ],
         )
 
@@ -564,6 +690,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
     # -- helpers -------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         log = self.workdir / f"{name}.log"
+        inside = self.config.sandbox and self.init_pid and name in ("containerd", "kubelet")
+        if inside:
+            argv = ["nsenter", f"--target={self.init_pid}", "--pid", "--mount", "--", *argv]
         with log.open("ab") as out:
             popen = subprocess.Popen(
                 argv,
@@ -574,17 +703,21 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
                 preexec_fn=_die_with_parent,
                 env={**os.environ, **(env or {})},
             )
-        self._procs.append(_Proc(name, popen, log))
+        proc = _Proc(name, popen, log)
+        self._procs.append(proc)
+        if inside:
+            proc.target = _child_of(popen.pid)
 
     def _stop_proc(self, name: str) -> None:
         for proc in list(self._procs):
             if proc.name != name:
                 continue
             if proc.popen.poll() is None:
-                proc.popen.send_signal(signal.SIGTERM)
+                _signal(proc.target or proc.popen.pid, signal.SIGTERM)
                 try:
                     proc.popen.wait(timeout=15)
                 except subprocess.TimeoutExpired:
+                    _signal(proc.target or proc.popen.pid, signal.SIGKILL)
                     proc.popen.kill()
                     proc.popen.wait()
             self._procs.remove(proc)

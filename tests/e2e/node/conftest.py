@@ -7,7 +7,6 @@ the tests skip with the reason where they cannot run.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +17,11 @@ import yaml
 
 from hack import image as image_builder
 from hack.cluster import Cluster
+from hack.cluster.launcher import binaries
+from hack.node import chart
 from hack.node.launcher import (
     SYSCTLS,
     Node,
-    NodeConfig,
     leftovers,
     node_cluster_config,
     node_tools,
@@ -29,23 +29,17 @@ from hack.node.launcher import (
 )
 
 
-def opt_in_reason() -> str | None:
-    """The real-node tests run only when asked (make test-node) until proven reliable in CI."""
-    if os.environ.get("THUNDER_REAL_NODE") != "1":
-        return "real-node tests are opt-in: THUNDER_REAL_NODE=1 (make test-node)"
-    return None
-
-
 def node_skip_reason() -> str | None:
-    why = opt_in_reason() or node_unavailable(node_tools())
+    why = node_unavailable(node_tools())
     return why or image_builder.unavailable()
 
 
 @pytest.fixture(scope="session")
 def node_images() -> dict[str, image_builder.BuiltImage]:
-    images = image_builder.build()
-    images["stock"] = image_builder.stock_image()
-    return images
+    why = node_skip_reason()
+    if why:
+        pytest.skip(why)
+    return chart.node_images(binaries() / "kubectl")
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +57,10 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def real_node(
     node_cluster: Cluster, node_images: dict[str, image_builder.BuiltImage]
 ) -> Iterator[Node]:
-    config = NodeConfig(images=tuple(i.archive for i in node_images.values()))
+    # A serving node (zone, role) whose fake host tools trust the cluster CA.
+    config = chart.node_config_for_chart(
+        node_cluster.ca_cert, tuple(i.archive for i in node_images.values())
+    )
     before = _sysctls()
     with Node(node_cluster, config) as node:
         workdir = node.workdir

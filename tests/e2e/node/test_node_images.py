@@ -21,11 +21,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from hack import image as image_builder
-from tests.e2e.node.conftest import opt_in_reason
 from tests.support.oci import OciImage, open_archive, run_image
 
 REPO = Path(__file__).resolve().parents[3]
-WHY = opt_in_reason() or image_builder.unavailable()
+WHY = image_builder.unavailable()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=str(WHY))
 
 DOCKERFILES = {"operator": "operator.Dockerfile", "daemon": "daemon.Dockerfile"}

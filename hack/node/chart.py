@@ -1,0 +1,214 @@
+"""The README's install on a real node (``hack.node.Node``), for the tests and ``make demo``.
+
+The chart is installed as the README's Install section says (namespace, token Secret,
+CRDs with ``kubectl apply --server-side``, ``helm install``), with the images ``make
+image`` built (imported into the node's containerd, ``pullPolicy: Never``) and the fake
+Thunder as the API. The fake listens on the node's bridge address over https with a
+certificate from the cluster CA (``Cluster.server_certs``): the driver refuses plain
+http to anything but loopback, and the operator and daemon pods trust that CA through
+their service-account ``ca.crt`` (``SSL_CERT_FILE`` in the chart's ``extraEnv``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from hack import image as image_builder
+from hack.fake_host import FakeHost
+from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
+from hack.node import launcher
+from hack.node.launcher import Node
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "thunder-device-plugin"
+POD_CHART = REPO / "charts" / "tests" / "pod"
+NAMESPACE = "thunder-system"
+RELEASE = "thunder-device-plugin"
+API_TOKEN = "tcapi_real_node_Secret-API-token-5c1e"
+SA_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+# The serving node's zone and role, as a platform team labels a GPU server.
+NODE_LABELS = {"topology.kubernetes.io/zone": "zone-a", "thundercompute.com/node": "true"}
+ZONE = NODE_LABELS["topology.kubernetes.io/zone"]
+KUBECTL_VERSION = "v1.37.2"
+T = TypeVar("T")
+
+# What a workload's own output shows of the driver's injection: the two files at their
+# container paths, LD_PRELOAD, the library's digest, config.json's keys (never its
+# values: they hold the client's credentials) and its environment.
+INJECTED = r"""
+ls -l /etc/thunder/
+echo "LD_PRELOAD=$LD_PRELOAD"
+sha256sum /etc/thunder/libthunder.so
+python3 -c 'import json; c = json.load(open("/etc/thunder/config.json"))
+print("config.json keys:", sorted(c))'
+env | sort
+"""
+
+
+def node_config_for_chart(cluster_ca: Path, images: tuple[Path, ...]) -> launcher.NodeConfig:
+    """A serving node whose fake host tools reach an https fake Thunder."""
+    return launcher.NodeConfig(
+        images=images,
+        node_labels=dict(NODE_LABELS),
+        host_env={"SSL_CERT_FILE": str(cluster_ca)},
+    )
+
+
+def node_images(kubectl: Path) -> dict[str, image_builder.BuiltImage]:
+    """Operator, daemon, stock Debian and kubectl images (built once, cached)."""
+    images = image_builder.build()
+    images["stock"] = image_builder.stock_image()
+    images["kubectl"] = image_builder.build_kubectl(kubectl, KUBECTL_VERSION)
+    return images
+
+
+def wait(check: Callable[[], T | None], what: str, timeout: float = 180) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(1)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@dataclass
+class Install:
+    node: Node
+    fake: FakeThunderProcess
+    images: dict[str, image_builder.BuiltImage]
+    install_output: str
+    workdir: Path
+
+    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> str:
+        done = subprocess.run(
+            [str(self.node.cluster.bin_dir / "helm"), *args],
+            env={**os.environ, "KUBECONFIG": str(self.node.cluster.kubeconfig)},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args)}: {done.stdout}\n{done.stderr}")
+        return done.stdout + done.stderr
+
+    def get(self, *args: str) -> Any:
+        out = self.node.kubectl("get", *args, "-o", "json", check=False)
+        return json.loads(out) if out else None
+
+    def secrets(self) -> list[str]:
+        """Every credential the fake knows: the API token, enrollment and client tokens."""
+        state = self.fake.admin.state()
+        found = [t["token"] for t in state.get("apiTokens", [])]
+        found += [t.get("enrollmentToken") or "" for t in state.get("enrollmentTokens", [])]
+        found += [c.get("authToken") or "" for c in state.get("clients", [])]
+        return [s for s in found if s]
+
+    def daemon_pods(self) -> list[dict[str, Any]]:
+        pods = self.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=daemon")
+        return list((pods or {}).get("items", []))
+
+    def ready_daemon_pod(self) -> dict[str, Any] | None:
+        for pod in self.daemon_pods():
+            conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+            if conditions.get("Ready") == "True":
+                return pod
+        return None
+
+    def enrolled_host(self) -> dict[str, Any] | None:
+        for item in self.fake.admin.state().get("hosts", []):
+            if item.get("hostname") == self.node.config.name:
+                return dict(item)
+        return None
+
+    def zone_id(self) -> str | None:
+        zones = self.fake.admin.state().get("zones", [])
+        return next((str(z["zoneId"]) for z in zones if z["displayName"] == ZONE), None)
+
+    def claims_gone(self, namespace: str) -> bool:
+        clients = self.get("clients.thundercompute.com", "-n", namespace) or {"items": [1]}
+        claims = self.get("resourceclaims", "-n", namespace) or {"items": [1]}
+        return not clients["items"] and not claims["items"]
+
+    def cdi_specs(self) -> list[Path]:
+        return sorted(self.node.host_path("/run/cdi").glob("thundercompute.com-gpu_claim-*.json"))
+
+
+def _image_values(image: image_builder.BuiltImage) -> dict[str, str]:
+    repository, tag = image.ref.rsplit(":", 1)
+    return {"repository": repository, "tag": tag, "pullPolicy": "Never"}
+
+
+def chart_values(fake: FakeThunderProcess, images: dict[str, image_builder.BuiltImage]) -> Any:
+    trust = [{"name": "SSL_CERT_FILE", "value": SA_CA}]
+    return {
+        "thunder": {
+            "apiURL": fake.base_url,
+            "artifactBaseURL": fake.artifact_base_url,
+            "telemetryURL": fake.base_url,
+        },
+        "operator": {
+            "image": _image_values(images["operator"]),
+            "reconcileInterval": "5s",
+            "extraEnv": trust,
+        },
+        "daemon": {"image": _image_values(images["daemon"]), "extraEnv": trust},
+        "test": {"image": _image_values(images["kubectl"])},
+    }
+
+
+@contextmanager
+def installed(
+    node: Node, images: dict[str, image_builder.BuiltImage], workdir: Path
+) -> Iterator[Install]:
+    """The fake Thunder and the chart, installed as the README says; removed on exit."""
+    cluster = node.cluster
+    cert = cluster.server_certs[launcher.BRIDGE_CERT]
+    FakeHost(node.fake_host_dir).set_nvidia(gpus=["NVIDIA RTX A6000"] * 4, gpu_type="A6000")
+    with start_fake_thunder(
+        tokens=[API_TOKEN],
+        listen=f"{launcher.BRIDGE_IP}:0",
+        tls=(cert.cert, cert.key),
+        ca_file=cluster.ca_cert,
+        log_path=workdir / "fake-thunder.log",
+    ) as fake:
+        node.kubectl("create", "namespace", NAMESPACE)
+        # The token Secret from a file (never an argument on this machine's process list).
+        secret = workdir / "secret.yaml"
+        secret.touch(mode=0o600)
+        secret.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": "thunder-api", "namespace": NAMESPACE},
+                    "stringData": {"THUNDER_API_TOKEN": API_TOKEN},
+                }
+            )
+        )
+        node.kubectl("apply", "-f", str(secret))
+        node.kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
+        values = workdir / "values.yaml"
+        values.write_text(yaml.safe_dump(chart_values(fake, images)))
+        install = Install(node, fake, images, "", workdir)
+        install.install_output = install.helm(
+            "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values),
+            "--wait", "--timeout", "5m",
+        )  # fmt: skip
+        try:
+            yield install
+        finally:
+            # As the chart's notes say: the ThunderCluster first, while the operator runs.
+            node.kubectl("delete", "thunderclusters", "--all", "--timeout=60s", check=False)
+            install.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", check=False)
