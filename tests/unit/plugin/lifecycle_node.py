@@ -271,6 +271,18 @@ class World:
 
     # What a user would check
 
+    def assert_clean(self) -> None:
+        """Nothing left anywhere: no enrollment, no record, no Secret, no file, no open
+        journal entry, no checkpoint entry."""
+        assert self.leaks() == []
+        assert self.live_clients() == []
+        assert self.live_tokens() == []
+        assert self.client_records() == []
+        assert self.secrets() == []
+        assert self.node_files() == []
+        assert self.open_journal_entries() == []
+        assert self.checkpoint_claims() == {}
+
     def leaks(self) -> list[dict[str, Any]]:
         """Enrollments Thunder still holds that nothing can use or revoke (the audit)."""
         found = audit(self.thunder.state)

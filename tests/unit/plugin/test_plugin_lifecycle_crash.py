@@ -52,17 +52,6 @@ async def _crash_then_restart(
     return await world.start(instance="instance-2" if new_instance else "instance-1")
 
 
-def _assert_clean(world: World) -> None:
-    assert world.leaks() == []
-    assert world.live_clients() == []
-    assert world.live_tokens() == []
-    assert world.client_records() == []
-    assert world.secrets() == []
-    assert world.node_files() == []
-    assert world.open_journal_entries() == []
-    assert world.checkpoint_claims() == {}
-
-
 @pytest.mark.parametrize(("kind", "step"), CASES, ids=[f"{k}-{s}" for k, s in CASES])
 async def test_a_restart_after_a_crash_converges_without_a_leak(
     world: World, kind: str, step: str
@@ -93,9 +82,9 @@ async def test_a_restart_after_a_crash_converges_without_a_leak(
             assert len(world.secrets()) == 1
     else:
         # Start-up finished the interrupted unprepare.
-        _assert_clean(world)
+        world.assert_clean()
     assert await daemon.unprepare(ref) == {ref.uid: ""}
-    _assert_clean(world)
+    world.assert_clean()
     await daemon.stop()
 
 
@@ -114,7 +103,7 @@ async def test_a_new_instance_rolls_back_the_dead_instances_journal(
     prepared = (await daemon.prepare(ref))[ref.uid]
     assert isinstance(prepared, PreparedClaim)
     assert await daemon.unprepare(ref) == {ref.uid: ""}
-    _assert_clean(world)
+    world.assert_clean()
 
 
 async def test_a_crash_with_claims_in_flight_rolls_back_only_the_uncommitted(
@@ -138,7 +127,7 @@ async def test_a_crash_with_claims_in_flight_rolls_back_only_the_uncommitted(
     assert all(isinstance(r, PreparedClaim) for r in results.values())
     assert len(world.live_tokens()) == 3
     assert await daemon.unprepare(*refs) == {r.uid: "" for r in refs}
-    _assert_clean(world)
+    world.assert_clean()
 
 
 async def test_a_rollback_thunder_refuses_at_start_up_is_finished_by_the_sweep(

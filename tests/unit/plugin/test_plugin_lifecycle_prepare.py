@@ -24,18 +24,6 @@ def _prepared(result: object) -> PreparedClaim:
     return result
 
 
-def assert_clean(world: World) -> None:
-    """Nothing left anywhere: no enrollment, no record, no file, no open journal entry."""
-    assert world.leaks() == []
-    assert world.live_clients() == []
-    assert world.live_tokens() == []
-    assert world.client_records() == []
-    assert world.secrets() == []
-    assert world.node_files() == []
-    assert world.open_journal_entries() == []
-    assert world.checkpoint_claims() == {}
-
-
 async def test_a_pod_claim_is_prepared_repeated_and_unprepared(world: World) -> None:
     crash = Recording()
     daemon = await world.start(crash=crash)
@@ -65,7 +53,7 @@ async def test_a_pod_claim_is_prepared_repeated_and_unprepared(world: World) -> 
     assert crash.reached_steps[-len(UNPREPARE_STEPS) + 1 :] == [
         s for s in UNPREPARE_STEPS if s != "unprepare:secret-removed"
     ]
-    assert_clean(world)
+    world.assert_clean()
     # An unprepare of a claim already gone is a success too.
     assert await daemon.unprepare(ref) == {ref.uid: ""}
 
@@ -145,7 +133,7 @@ async def test_a_failed_thunder_step_is_rolled_back_and_the_retry_succeeds(
     prepared = _prepared((await daemon.prepare(ref))[ref.uid])
     assert world.live_clients() == [prepared.client_id]
     assert await daemon.unprepare(ref) == {ref.uid: ""}
-    assert_clean(world)
+    world.assert_clean()
 
 
 # Each Kubernetes step's failure: (method, path pattern, status, error the kubelet gets).
@@ -179,7 +167,7 @@ async def test_a_failed_kubernetes_step_is_rolled_back_and_the_retry_succeeds(
     world.kube.faults.clear()
     _prepared((await daemon.prepare(ref))[ref.uid])
     assert await daemon.unprepare(ref) == {ref.uid: ""}
-    assert_clean(world)
+    world.assert_clean()
 
 
 async def test_a_vm_secret_that_cannot_be_written_is_rolled_back(world: World) -> None:

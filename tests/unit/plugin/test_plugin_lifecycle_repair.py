@@ -35,16 +35,6 @@ async def _prepare(daemon: Daemon, ref: ClaimReference) -> PreparedClaim:
     return result
 
 
-def _assert_clean(world: World) -> None:
-    assert world.leaks() == []
-    assert world.live_tokens() == []
-    assert world.live_clients() == []
-    assert world.client_records() == []
-    assert world.node_files() == []
-    assert world.open_journal_entries() == []
-    assert world.checkpoint_claims() == {}
-
-
 def _cdi_spec(daemon: Daemon, ref: ClaimReference) -> Path:
     return daemon.config.cdi_dir / f"thundercompute.com-gpu_claim-{ref.uid}.json"
 
@@ -99,7 +89,7 @@ async def test_a_missing_config_json_reenrolls_the_claim_and_revokes_the_old(wor
     assert (daemon.config.claims_dir / ref.uid / "config.json").is_file()
     assert world.checkpoint_claims()[ref.uid]["enrollmentTokenId"] == second.enrollment_token_id
     assert await daemon.unprepare(ref) == {ref.uid: ""}
-    _assert_clean(world)
+    world.assert_clean()
 
 
 async def test_start_up_repairs_every_prepared_claim(world: World) -> None:
@@ -142,7 +132,7 @@ async def test_a_failed_checkpoint_commit_is_rolled_back_and_the_retry_enrolls_a
         f"claim {NAMESPACE}/train: writing claim files failed: [Errno 28] No space left on "
         f"device: '{daemon.config.state_dir / CHECKPOINT_FILE_NAME}'"
     )
-    _assert_clean(world)
+    world.assert_clean()
     writer.failing = False
     prepared = await _prepare(daemon, ref)
     assert world.live_tokens() == [prepared.enrollment_token_id]
@@ -177,7 +167,7 @@ async def test_a_failed_unprepare_mark_revokes_nothing(world: World) -> None:
     assert world.checkpoint_claims()[ref.uid]["state"] == ClaimState.PREPARED.value
     writer.failing = False
     assert await daemon.unprepare(ref) == {ref.uid: ""}
-    _assert_clean(world)
+    world.assert_clean()
 
 
 async def test_a_failed_revocation_is_a_per_claim_error_and_the_retry_finishes(
@@ -194,7 +184,7 @@ async def test_a_failed_revocation_is_a_per_claim_error_and_the_retry_finishes(
     assert world.checkpoint_claims()[ref.uid]["state"] == ClaimState.UNPREPARING.value
     assert len(world.client_records()) == 1
     assert await daemon.unprepare(ref) == {ref.uid: ""}
-    _assert_clean(world)
+    world.assert_clean()
 
 
 async def test_a_prepare_after_an_interrupted_unprepare_enrolls_from_a_clean_slate(
@@ -232,7 +222,7 @@ async def test_a_corrupt_checkpoint_readopts_live_claims_and_revokes_gone_ones(
     # The kubelet's next prepare gets the same answer without a new mint.
     assert await _prepare(daemon, kept) == first
     assert await daemon.unprepare(kept, gone) == {kept.uid: "", gone.uid: ""}
-    _assert_clean(world)
+    world.assert_clean()
 
 
 async def test_without_list_rights_a_lost_checkpoint_is_rebuilt_from_the_nodes_traces(
