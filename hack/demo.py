@@ -10,6 +10,13 @@ node's daemon enrolls it with Thunder (its fake GPUs are 4 A6000), the operator
 publishes the zone pool at Thunder's oversubscription target 1.5, and two pods,
 one with a ResourceClaimTemplate and one with `resources.limits`, are
 scheduled, prepared and cleaned up. Everything it starts is stopped on exit.
+
+As root, with the node components built (``make node-tools``; ``make demo`` builds
+them and the images), it runs on a real node instead (``hack.node``): the README's
+install of the chart with the images ``make image`` built, the daemon pod enrolling the
+node, ``helm test`` as a Pod, two stock Debian pods showing in their own log the files
+containerd injected from the driver's CDI spec, cleanup and the leak audit. Elsewhere,
+or with ``--simulated``, it runs the simulated nodes and says why.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hack.cluster import Cluster
+from hack.cluster.launcher import binaries
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
 from hack.testbed import daemon as daemon_harness
 from hack.testbed import operator as operator_harness
@@ -95,7 +103,141 @@ def secrets_of(fake: FakeThunderProcess) -> list[str]:
     return found
 
 
-def main() -> int:
+def real_node_unavailable() -> str | None:
+    """Why the demo cannot run on a real node here, or None."""
+    from hack import image as image_builder
+    from hack.node import NodeError, node_tools, node_unavailable
+
+    try:
+        return node_unavailable(node_tools()) or image_builder.unavailable()
+    except (NodeError, OSError) as err:
+        return str(err)
+
+
+def real_node_demo() -> int:
+    from hack.node import Node, node_tools
+    from hack.node.chart import (
+        INJECTED,
+        NAMESPACE,
+        RELEASE,
+        ZONE,
+        installed,
+        node_config_for_chart,
+        node_images,
+        wait,
+    )
+    from hack.node.launcher import leftovers, node_cluster_config
+    from hack.testbed.daemon import claim_template
+
+    started = time.monotonic()
+    step("Node components and images (built once, then cached)")
+    tools = node_tools()
+    print(f"kubelet {tools.kubelet}\ncontainerd {tools.containerd_bin}")
+    images = node_images(binaries() / "kubectl")
+    for name, image in images.items():
+        print(f"{name:9} {image.ref}")
+    print(f"ready in {time.monotonic() - started:.1f}s")
+
+    with ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="thunder-demo-")))
+        step("Local control plane and a real node: containerd (CDI), runc, CNI, kubelet")
+        cluster = stack.enter_context(Cluster(workdir=work / "cp", config=node_cluster_config()))
+        config = node_config_for_chart(cluster.ca_cert, tuple(i.archive for i in images.values()))
+        node = stack.enter_context(Node(cluster, config))
+        print(f"node {config.name} Ready {node.ready_after:.1f}s after its launcher started")
+        kubectl(cluster, "get", "nodes", "-o", "wide", "-L", "topology.kubernetes.io/zone")
+
+        step("The README's install: token Secret, CRDs, helm install (fake Thunder over https)")
+        install = stack.enter_context(installed(node, images, work))
+        print("\n".join(install.install_output.splitlines()[:6]))
+        kubectl(cluster, "-n", NAMESPACE, "get", "deployments,daemonsets")
+
+        step("The daemon pod registers with the kubelet and enrolls the node (nsenter)")
+        wait(install.ready_daemon_pod, "a Ready daemon pod", timeout=240)
+        host = wait(install.enrolled_host, "the node registered with Thunder", timeout=240)
+        print(f"Thunder host {host['hostname']}: {host['gpuCount']}x {host['gpuType']} ")
+        kubectl(cluster, "-n", NAMESPACE, "get", "pods", "-o", "wide")
+        zone_id = wait(install.zone_id, f"zone {ZONE} in Thunder")
+        fake = install.fake
+        fake.admin.set_targets(zone_id, {"A6000": 1.5})
+        print(f"Thunder oversubscription target for {ZONE} / A6000: 1.5")
+
+        step("helm test, as a Pod on the node")
+        wait(lambda: install.get("deviceclass", "thunder-gpu-a6000"), "the A6000 DeviceClass")
+        out = install.helm("test", RELEASE, "-n", NAMESPACE, "--timeout", "3m")
+        print("\n".join(line for line in out.splitlines() if line.startswith(("TEST", "Phase"))))
+        kubectl(cluster, "-n", NAMESPACE, "logs", f"{RELEASE}-test")
+
+        step("Two stock Debian pods (no Thunder files in the image): limits, and a template")
+        stock = images["stock"].ref
+        kube = Kube(cluster.kubeconfig)
+        ns = "demo"
+        kubectl(cluster, "create", "namespace", ns)
+        kube.create(claim_template("two-a6000", ns, "thunder-gpu-a6000", 2))
+        container = {"name": "main", "image": stock, "imagePullPolicy": "Never",
+                     "command": ["/bin/sh", "-c", INJECTED]}  # fmt: skip
+        pods: dict[str, dict[str, Any]] = {
+            "thunder-simple": {
+                "containers": [
+                    {**container, "resources": {"limits": {"thundercompute.com/gpu-a6000": "2"}}}
+                ]
+            },
+            "thunder-pod-gpu": {
+                "containers": [
+                    {**container, "resources": {"claims": [{"name": "gpu", "request": "gpu"}]}}
+                ],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two-a6000"}],
+            },
+        }
+        for name, spec in pods.items():
+            body = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, **spec}
+            kube.create_pod(ns, {"apiVersion": "v1", "kind": "Pod",
+                                 "metadata": {"name": name}, "spec": body})  # fmt: skip
+        for name in pods:
+            wait(partial(finished, kube, ns, name), f"{name} to run", timeout=240)
+        kubectl(cluster, "-n", ns, "get", "pods", "-o", "wide")
+        secrets = install.secrets()
+        for name in pods:
+            step(f"{name}: its own log (containerd injected these from the CDI spec)")
+            logs = kubectl(cluster, "-n", ns, "logs", name)
+            leaked = any(s in logs for s in secrets)
+            print("TOKEN FOUND" if leaked else "NO TOKEN in its environment or output")
+            if leaked or "LD_PRELOAD=/etc/thunder/libthunder.so" not in logs:
+                raise SystemExit(f"{name}: the injection is not as expected")
+
+        step("Cleanup: pods deleted, the kubelet unprepares, enrollments revoked")
+        for name in pods:
+            kube.core.delete_namespaced_pod(name, ns)
+        wait(lambda: install.claims_gone(ns), "the claims and Clients removed", timeout=180)
+        wait(lambda: not install.cdi_specs(), "the CDI specs removed", timeout=120)
+        print(f"ResourceClaims, Clients and CDI specs left: 0, 0, {len(install.cdi_specs())}")
+        leaks = fake.admin.leaks()
+        print(f"Thunder audit: {len(leaks)} leaked enrollments")
+        if leaks:
+            raise SystemExit(f"leaked enrollments: {leaks}")
+    rest = leftovers()
+    step(f"Done in {time.monotonic() - started:.1f}s; node removed, {len(rest)} leftovers")
+    return 1 if rest else 0
+
+
+def finished(kube: Kube, ns: str, name: str) -> bool:
+    obj = kube.get("v1", "Pod", name, ns) or {}
+    phase = (obj.get("status") or {}).get("phase")
+    if phase == "Failed":
+        raise SystemExit(f"pod {ns}/{name} failed")
+    return phase == "Succeeded"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    why = "--simulated was given" if "--simulated" in args else real_node_unavailable()
+    if why is None:
+        return real_node_demo()
+    print(f"No real node here ({why}): the demo runs on simulated nodes.", flush=True)
+    return simulated_demo()
+
+
+def simulated_demo() -> int:
     started = time.monotonic()
     step("Local control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager")
     with ExitStack() as stack:

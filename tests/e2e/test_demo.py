@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_make_demo_runs_the_whole_flow_and_cleans_up() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "hack.demo"],
+        [sys.executable, "-m", "hack.demo", "--simulated"],
         cwd=ROOT,
         capture_output=True,
         text=True,
