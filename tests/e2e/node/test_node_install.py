@@ -237,6 +237,57 @@ def test_the_pod_test_chart_installs_and_its_pod_runs(install: Install) -> None:
     _gone_and_unprepared(install, "chart-pod")
 
 
+def _running(install: Install, name: str) -> dict[str, Any] | None:
+    pod = install.get("pod", "-n", "default", name) or {}
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return pod if statuses and "running" in (statuses[0].get("state") or {}) else None
+
+
+def test_after_a_runtime_restart_with_empty_cdi_dirs_claims_get_their_specs_back(
+    install: Install,
+) -> None:
+    """A reboot of the node's runtime: kubelet and containerd stopped (every container
+    dies), the CDI directory emptied, both started again. The restarted daemon writes
+    the running claim's spec back, its pod runs again and a new pod starts."""
+    limits = {"thundercompute.com/gpu-a6000": "2"}
+    survivor = _stock(install, "survivor", container={"resources": {"limits": limits}})
+    survivor["spec"]["restartPolicy"] = "Always"
+    survivor["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", INJECTED + "sleep 3600"]
+    path = install.workdir / "survivor.yaml"
+    path.write_text(yaml.safe_dump(survivor))
+    install.node.kubectl("apply", "-f", str(path))
+    wait(lambda: _running(install, "survivor"), "the survivor pod running", timeout=240)
+    before = {p.name for p in install.cdi_specs()}
+    assert len(before) == 1, before
+
+    def empty_cdi() -> None:
+        for spec in install.cdi_specs():
+            spec.unlink()
+        assert not install.cdi_specs()
+
+    install.node.restart_runtime(between=empty_cdi)
+    wait(lambda: before <= {p.name for p in install.cdi_specs()}, "the claim's CDI spec back", 240)
+    wait(install.ready_daemon_pod, "the daemon pod Ready again", timeout=240)
+
+    def restarted() -> dict[str, Any] | None:
+        pod = _running(install, "survivor")
+        statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or [{}]
+        return pod if statuses[0].get("restartCount", 0) >= 1 else None
+
+    wait(restarted, "the survivor's container running again", timeout=300)
+    _check_injected(install, pod_logs(install.node, "survivor"))
+    pod = run_pod(
+        install.node,
+        _stock(install, "after-restart", container={"resources": {"limits": limits}}),
+        timeout=240,
+    )
+    logs = pod_logs(install.node, "after-restart")
+    assert pod["status"]["phase"] == "Succeeded", logs
+    _check_injected(install, logs)
+    install.node.kubectl("delete", "pod", "survivor", "after-restart", "--wait=true")
+    _gone_and_unprepared(install, "default")
+
+
 def test_after_the_pods_are_gone_no_enrollment_leaked(install: Install) -> None:
     for namespace in ("default", "chart-pod"):
         _gone_and_unprepared(install, namespace)
