@@ -14,6 +14,11 @@ the Service range only: no default route, no masquerading, no iptables rules, an
 loopback, so in-cluster configuration works. The apiserver calls webhooks at their
 endpoint IPs (``--enable-aggregator-routing``), which are on the bridge.
 
+containerd and the kubelet (so every pod) run in a private PID and mount namespace
+whose PID 1 is ``hack/node/nsinit.py`` (``NodeConfig.sandbox``): a hostPID pod's
+``nsenter --target 1`` enters it, where the fake host tools shadow the host's and the
+host paths the chart's daemon writes are tmpfs or the node's own directories.
+
 The kubelet changes some kernel settings at start (``vm.overcommit_memory``,
 ``kernel.panic`` ...): they are recorded first and restored on stop. A record of
 every running node (``/run/thunder-dra-node/<pid>.json``) lets the next start clean
