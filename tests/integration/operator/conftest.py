@@ -3,7 +3,7 @@ one operator process with its own namespace and ThunderCluster (see harness.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -22,10 +22,16 @@ def fake_thunder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeThund
 
 @pytest.fixture(scope="module")
 def env(
+    request: pytest.FixtureRequest,
     kube: Kube,
     cluster: Cluster,
     fake_thunder: FakeThunderProcess,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorEnv]:
-    with operator_env(kube, cluster, fake_thunder, tmp_path_factory.mktemp("operator")) as made:
+    """The module's operator; a module that sets ``OPERATOR_ARGS`` runs it with those
+    flags too."""
+    args: Sequence[str] = getattr(request.module, "OPERATOR_ARGS", ())
+    with operator_env(
+        kube, cluster, fake_thunder, tmp_path_factory.mktemp("operator"), extra_args=args
+    ) as made:
         yield made

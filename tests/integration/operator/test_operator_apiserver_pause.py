@@ -14,14 +14,11 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
-from hack.cluster import Cluster
-from hack.fake_thunder import FakeThunderProcess
-from hack.testbed.kube import Kube, wait_for
-from hack.testbed.operator import OperatorEnv, operator_env
+from hack.testbed.kube import wait_for
+from hack.testbed.operator import OperatorEnv
 from tests.integration.operator.test_operator_reaper import (
     assert_revoked,
     client_object,
@@ -30,31 +27,22 @@ from tests.integration.operator.test_operator_reaper import (
 )
 
 REQUEST_TIMEOUT = 2.0
-# urllib3 retries a read 3 times: one request may take 4 timeouts before it fails.
+# Many request timeouts long: every loop sees several of its calls fail in a row.
 PAUSE = 12 * REQUEST_TIMEOUT
+
+# The operator of this module (the package's `env` fixture, made faster below).
+OPERATOR_ARGS = (
+    "--orphan-grace-period-override",
+    "4s",
+    "--kube-request-timeout",
+    f"{REQUEST_TIMEOUT:g}s",
+)
 
 
 @pytest.fixture(scope="module")
-def env(
-    kube: Kube,
-    cluster: Cluster,
-    fake_thunder: FakeThunderProcess,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[OperatorEnv]:
-    with operator_env(
-        kube,
-        cluster,
-        fake_thunder,
-        tmp_path_factory.mktemp("operator"),
-        extra_args=[
-            "--orphan-grace-period-override",
-            "4s",
-            "--kube-request-timeout",
-            f"{REQUEST_TIMEOUT:g}s",
-        ],
-    ) as made:
-        made.patch_thundercluster({"spec": {"operator": {"reconcileInterval": "5s"}}})
-        yield made
+def env(env: OperatorEnv) -> OperatorEnv:
+    env.patch_thundercluster({"spec": {"operator": {"reconcileInterval": "5s"}}})
+    return env
 
 
 def loop_errors(env: OperatorEnv, loop: str) -> float:

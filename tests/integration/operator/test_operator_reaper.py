@@ -17,15 +17,13 @@ import pytest
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
 
-from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess
-from hack.testbed.kube import Kube, wait_for
+from hack.testbed.kube import wait_for
 from hack.testbed.operator import (
     API_TOKEN,
     RESOURCE_API,
     THUNDER_API,
     OperatorEnv,
-    operator_env,
 )
 from thunder_dra.kube.provenance import ANNOTATION, ProvenanceKey
 from thunder_dra.thunder import Secret, ThunderClient
@@ -34,21 +32,8 @@ GRACE = "4s"
 FINALIZER = "thundercompute.com/client-cleanup"
 
 
-@pytest.fixture(scope="module")
-def env(
-    kube: Kube,
-    cluster: Cluster,
-    fake_thunder: FakeThunderProcess,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[OperatorEnv]:
-    with operator_env(
-        kube,
-        cluster,
-        fake_thunder,
-        tmp_path_factory.mktemp("operator"),
-        extra_args=["--orphan-grace-period-override", GRACE],
-    ) as made:
-        yield made
+# The operator of this module (the package's `env` fixture) reaps after GRACE.
+OPERATOR_ARGS = ("--orphan-grace-period-override", GRACE)
 
 
 @pytest.fixture

@@ -13,10 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from hack.cluster import Cluster
-from hack.fake_thunder import FakeThunderProcess
-from hack.testbed.kube import Kube, wait_for
-from hack.testbed.operator import API_TOKEN, OperatorEnv, operator_env
+from hack.testbed.kube import wait_for
+from hack.testbed.operator import API_TOKEN, OperatorEnv
 from tests.integration.operator.test_operator_reaper import (
     GRACE,
     assert_revoked,
@@ -28,22 +26,8 @@ from tests.integration.operator.test_operator_reaper import (
 from thunder_dra.kube.provenance import ProvenanceKey
 from thunder_dra.thunder import Secret
 
-
-@pytest.fixture(scope="module")
-def env(
-    kube: Kube,
-    cluster: Cluster,
-    fake_thunder: FakeThunderProcess,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[OperatorEnv]:
-    with operator_env(
-        kube,
-        cluster,
-        fake_thunder,
-        tmp_path_factory.mktemp("operator"),
-        extra_args=["--orphan-grace-period-override", GRACE],
-    ) as made:
-        yield made
+# The operator of this module (the package's `env` fixture) reaps after GRACE.
+OPERATOR_ARGS = ("--orphan-grace-period-override", GRACE)
 
 
 @pytest.fixture
