@@ -1,8 +1,17 @@
-"""Replace one `## ` section of docs/benchmarks.md, leaving every other section as it is."""
+"""Replace one `## ` section of docs/benchmarks.md, leaving every other section as it is;
+and the command line a section quotes."""
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
 from pathlib import Path
+
+
+def command_line(prog: str, args: argparse.Namespace, options: Sequence[str]) -> str:
+    """`python -m <prog> --<option> <value> ...` for the named options, as the run used."""
+    given = " ".join(f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options)
+    return f"python -m {prog} {given}"
 
 
 def replace_section(

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.docsection import replace_section
+from bench.docsection import command_line, replace_section
 from bench.operator_inventory import DOC, INTRO, MODELS, machine, peak_rss_mib
 from hack.cluster import Cluster, ClusterConfig
 from hack.fake_thunder import start_fake_thunder
@@ -469,16 +469,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
-    command = "python -m bench.operator_hostile " + " ".join(
-        f"--{k.replace('_', '-')} {v}"
-        for k, v in (
-            ("zones", args.zones),
-            ("models", args.models),
-            ("hosts", args.hosts),
-            ("gpus", args.gpus),
-            ("huge_gpus", args.huge_gpus),
-            ("wide_hosts", args.wide_hosts),
-        )
+    command = command_line(
+        "bench.operator_hostile",
+        args,
+        ("zones", "models", "hosts", "gpus", "huge_gpus", "wide_hosts"),
     )
     with tempfile.TemporaryDirectory(prefix="bench-hostile-") as workdir:
         results = Bench(args, Path(workdir)).run()

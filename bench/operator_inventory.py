@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.docsection import replace_section
+from bench.docsection import command_line, replace_section
 from hack.cluster import Cluster, ClusterConfig
 from hack.fake_thunder import start_fake_thunder
 from hack.testbed.kube import Kube, wait_for
@@ -368,15 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, default=3, help="no-change passes to time")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
-    command = "python -m bench.operator_inventory " + " ".join(
-        f"--{k.replace('_', '-')} {v}"
-        for k, v in (
-            ("zones", args.zones),
-            ("models", args.models),
-            ("gpus", args.gpus),
-            ("latency_ms", args.latency_ms),
-            ("passes", args.passes),
-        )
+    command = command_line(
+        "bench.operator_inventory", args, ("zones", "models", "gpus", "latency_ms", "passes")
     )
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as workdir:
         results = Bench(args, Path(workdir)).run()
