@@ -356,6 +356,19 @@ class NodeHarness:
         self.kubelet = KubeletStandIn(self.name, kube.api_client, self.daemon.registry_dir)
         self._octet = int(suffix[:2], 16)
 
+    def another_instance(self, fake: FakeThunderProcess, suffix: str) -> DaemonProcess:
+        """A second daemon of this node (its state root, its own instance ID and log), not
+        started: as a rolling update or a second copy on the node runs it."""
+        daemon = DaemonProcess(
+            node=self.name,
+            kubeconfig=self.kube.kubeconfig,
+            fake=fake,
+            root=self.root,
+            instance_id=f"{self.daemon.instance_id}{suffix}",
+        )
+        daemon.log_path = self.root / f"daemon-{suffix}.log"
+        return daemon
+
     @property
     def ip(self) -> str:
         return f"127.0.{self._octet}.{(self._octet * 7) % 250 + 2}"

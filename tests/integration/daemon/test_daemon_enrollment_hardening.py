@@ -112,18 +112,6 @@ def no_faults_left(fake: FakeThunderProcess) -> Iterator[None]:
     fake.admin.clear_faults()
 
 
-def _second_instance(node: NodeHarness, fake: FakeThunderProcess, suffix: str) -> DaemonProcess:
-    daemon = DaemonProcess(
-        node=node.name,
-        kubeconfig=node.kube.kubeconfig,
-        fake=fake,
-        root=node.root,
-        instance_id=f"{node.daemon.instance_id}{suffix}",
-    )
-    daemon.log_path = node.root / f"daemon-{suffix}.log"
-    return daemon
-
-
 @pytest.mark.timeout(240)
 def test_the_host_install_puts_no_token_in_any_argv_and_uses_no_sudo(
     kube: Kube, fake: FakeThunderProcess, serving_pool: ZonePool
@@ -174,7 +162,7 @@ def test_two_instances_on_one_node_never_install_at_once_nor_orphan_a_server_tok
         host.set_nvidia(gpus=GPUS)
         host.set_installer(delay_seconds=3)
         old = node.daemon
-        new = _second_instance(node, fake, "b")
+        new = node.another_instance(fake, "b")
         # A rolling update on a fresh node: both instances find thunderd not installed.
         old.start()
         new.start()

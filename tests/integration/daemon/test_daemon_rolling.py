@@ -8,25 +8,12 @@ import pytest
 from hack.fake_thunder import FakeThunderProcess
 from hack.testbed.daemon import (
     CLIENT_API,
-    DaemonProcess,
     NodeHarness,
     Workloads,
     ZonePool,
     mints,
 )
 from hack.testbed.kube import Kube, wait_for
-
-
-def _second_instance(node: NodeHarness, fake: FakeThunderProcess, suffix: str) -> DaemonProcess:
-    daemon = DaemonProcess(
-        node=node.name,
-        kubeconfig=node.kube.kubeconfig,
-        fake=fake,
-        root=node.root,
-        instance_id=f"{node.daemon.instance_id}{suffix}",
-    )
-    daemon.log_path = node.root / f"daemon-{suffix}.log"
-    return daemon
 
 
 @pytest.mark.timeout(300)
@@ -41,7 +28,7 @@ def test_instances_hand_over_and_a_killed_one_is_rolled_back_by_the_survivor(
         running = pods.wait_running(node, first)
         answer = old.prepare(namespace, running.claim_name, running.claim_uid)
 
-        new = _second_instance(node, fake, "b").start()
+        new = node.another_instance(fake, "b").start()
         try:
             new.wait_serving()
             wait_for(
@@ -62,7 +49,7 @@ def test_instances_hand_over_and_a_killed_one_is_rolled_back_by_the_survivor(
 
             # A third instance registers last and dies mid-prepare; the kubelet falls back
             # to the live one, and the survivor rolls the dead instance's journal back.
-            doomed = _second_instance(node, fake, "c").start(crash_at="prepare:client-recorded")
+            doomed = node.another_instance(fake, "c").start(crash_at="prepare:client-recorded")
             doomed.wait_serving()
             wait_for(
                 lambda: (
