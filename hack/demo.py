@@ -126,7 +126,7 @@ def real_node_demo() -> int:
         node_images,
         wait,
     )
-    from hack.node.launcher import leftovers, node_cluster_config
+    from hack.node.launcher import leftovers, node_cluster_config, one_node_at_a_time
     from hack.testbed.daemon import claim_template
 
     started = time.monotonic()
@@ -138,6 +138,9 @@ def real_node_demo() -> int:
         print(f"{name:9} {image.ref}")
     print(f"ready in {time.monotonic() - started:.1f}s")
 
+    # Held until the leftovers are counted (an exception ends the process, and the lock).
+    lock = ExitStack()
+    lock.enter_context(one_node_at_a_time())
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="thunder-demo-")))
         step("Local control plane and a real node: containerd (CDI), runc, CNI, kubelet")
@@ -216,6 +219,7 @@ def real_node_demo() -> int:
         if leaks:
             raise SystemExit(f"leaked enrollments: {leaks}")
     rest = leftovers()
+    lock.close()
     step(f"Done in {time.monotonic() - started:.1f}s; node removed, {len(rest)} leftovers")
     return 1 if rest else 0
 

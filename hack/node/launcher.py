@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import shutil
@@ -100,6 +101,39 @@ OUTSIDE_PATHS = (
     "/run/cdi",
     "/var/lib/thunder-dra",
 )
+
+
+# One real node per machine (the bridge, its addresses and the cgroup root are fixed):
+# a second launcher waits for the first to stop, instead of tearing its network down.
+MACHINE_LOCK = RECORDS.parent / "thunder-dra-node.lock"
+_lock_depth = 0
+_lock_file: Any = None
+
+
+@contextlib.contextmanager
+def one_node_at_a_time() -> Iterator[None]:
+    """Hold the machine's node lock (re-entrant within a process) while the body runs.
+
+    Waits while another process runs a node. Callers that check for leftovers after a
+    node stopped hold it around the check too, so no other node can start in between.
+    """
+    global _lock_depth, _lock_file
+    if _lock_depth == 0:
+        handle = open(MACHINE_LOCK, "a")  # noqa: SIM115 - held across the body
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"another real node runs on this machine ({MACHINE_LOCK}): waiting", flush=True)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        _lock_file = handle
+    _lock_depth += 1
+    try:
+        yield
+    finally:
+        _lock_depth -= 1
+        if _lock_depth == 0:
+            _lock_file.close()
+            _lock_file = None
 
 
 class NodeError(RuntimeError):
@@ -285,6 +319,7 @@ class Node:
         self._procs: list[_Proc] = []
         self._record_path = RECORDS / f"{os.getpid()}-{self.workdir.name}.json"
         self._record: dict[str, Any] = {}
+        self._lock: contextlib.ExitStack | None = None
 
     # -- lifecycle -----------------------------------------------------------------
     def __enter__(self) -> Node:
@@ -298,6 +333,8 @@ class Node:
         why = node_unavailable(self.tools)
         if why:
             raise NodeError(why)
+        self._lock = contextlib.ExitStack()
+        self._lock.enter_context(one_node_at_a_time())
         cleanup_leftovers()
         self.started_at = time.monotonic()
         try:
@@ -330,6 +367,9 @@ class Node:
             teardown(self._record)
         self._procs.clear()
         self._record = {}
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def restart_runtime(self, between: Any = None) -> None:
         """Stop the kubelet and containerd (a reboot of the node's runtime), then start them."""

@@ -26,6 +26,7 @@ from hack.node.launcher import (
     node_cluster_config,
     node_tools,
     node_unavailable,
+    one_node_at_a_time,
 )
 
 
@@ -61,13 +62,14 @@ def real_node(
     config = chart.node_config_for_chart(
         node_cluster.ca_cert, tuple(i.archive for i in node_images.values())
     )
-    before = _sysctls()
-    with Node(node_cluster, config) as node:
-        workdir = node.workdir
-        yield node
-    assert _sysctls() == before, "the node did not restore the kernel settings"
-    assert not workdir.exists()
-    assert leftovers() == [], "the node left these behind"
+    with one_node_at_a_time():
+        before = _sysctls()
+        with Node(node_cluster, config) as node:
+            workdir = node.workdir
+            yield node
+        assert _sysctls() == before, "the node did not restore the kernel settings"
+        assert not workdir.exists()
+        assert leftovers() == [], "the node left these behind"
 
 
 def _sysctls() -> dict[str, str]:

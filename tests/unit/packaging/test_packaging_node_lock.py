@@ -1,0 +1,84 @@
+"""One real node per machine: a second launcher waits for the first's lock."""
+
+from __future__ import annotations
+
+import fcntl
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hack.node import launcher
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from hack.node import launcher
+launcher.MACHINE_LOCK = Path(sys.argv[1])
+with launcher.one_node_at_a_time():
+    print("held", flush=True)
+    while not Path(sys.argv[2]).exists():
+        time.sleep(0.05)
+print("released", flush=True)
+"""
+
+
+def _holder(lock: Path, release: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lock), str(release)],
+        cwd=launcher.REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_process_waits_until_the_first_releases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock, release = tmp_path / "node.lock", tmp_path / "release"
+    monkeypatch.setattr(launcher, "MACHINE_LOCK", lock)
+    first = _holder(lock, release)
+    # Let the holder go only after this process has reported that it waits.
+    subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time, pathlib, sys; time.sleep(0.5); pathlib.Path(sys.argv[1]).touch()",
+            str(release),
+        ]
+    )
+    with launcher.one_node_at_a_time():
+        # The first holder has finished by the time this one holds the lock.
+        assert first.wait(timeout=10) == 0
+    assert first.stdout is not None
+    assert first.stdout.read().strip() == "released"
+    assert "another real node runs on this machine" in capsys.readouterr().out
+
+
+def test_the_lock_is_reentrant_within_a_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock, release = tmp_path / "node.lock", tmp_path / "release"
+    monkeypatch.setattr(launcher, "MACHINE_LOCK", lock)
+    with launcher.one_node_at_a_time(), launcher.one_node_at_a_time():
+        pass
+    # Released once the outer hold ends: another process takes it at once.
+    release.touch()
+    proc = _holder(lock, release)
+    assert proc.wait(timeout=10) == 0
+
+
+def test_a_holder_that_dies_releases_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock, release = tmp_path / "node.lock", tmp_path / "release"
+    monkeypatch.setattr(launcher, "MACHINE_LOCK", lock)
+    first = _holder(lock, release)
+    first.kill()
+    first.wait()
+    with open(lock) as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if still held
