@@ -97,12 +97,22 @@ def micro_time(moment: datetime) -> str:
 
 
 class KubeLeaseStore:
-    """One Lease in one namespace, through the operator's Kubernetes client."""
+    """One Lease in one namespace, through the operator's one Kubernetes client.
 
-    def __init__(self, kube: KubeClient, namespace: str, name: str) -> None:
-        self._kube = kube
+    Every Lease request carries its own timeout, `request_timeout` (the renew deadline),
+    in place of the client's: a request that outlives it could not keep the term alive
+    anyway, and a slow apiserver must not hold a renewal for the client's longer default.
+    """
+
+    def __init__(
+        self, kube: KubeClient, namespace: str, name: str, *, request_timeout: float
+    ) -> None:
+        if not request_timeout > 0:
+            raise ValueError(f"request_timeout must be positive seconds, got {request_timeout!r}")
+        self.kube = kube
         self.namespace = namespace
         self.name = name
+        self.request_timeout = request_timeout
 
     @staticmethod
     def _record(lease: Mapping[str, Any]) -> LeaseRecord:
@@ -138,7 +148,9 @@ class KubeLeaseStore:
 
     async def get(self) -> LeaseRecord | None:
         try:
-            found = await self._kube.get_optional(LEASES.item(self.name, self.namespace))
+            found = await self.kube.get_optional(
+                LEASES.item(self.name, self.namespace), request_timeout=self.request_timeout
+            )
         except KubeError as exc:
             raise self._unavailable(exc) from None
         return None if found is None else self._record(found)
@@ -146,7 +158,10 @@ class KubeLeaseStore:
     async def create(self, record: LeaseRecord) -> LeaseRecord:
         body = self._body(replace(record, resource_version=None))
         try:
-            return self._record(await self._kube.create(LEASES.collection(self.namespace), body))
+            created = await self.kube.create(
+                LEASES.collection(self.namespace), body, request_timeout=self.request_timeout
+            )
+            return self._record(created)
         except Conflict:
             raise LeaseConflict(f"Lease {self.namespace}/{self.name} exists") from None
         except KubeError as exc:
@@ -155,9 +170,10 @@ class KubeLeaseStore:
     async def update(self, record: LeaseRecord) -> LeaseRecord:
         body = self._body(record)
         try:
-            return self._record(
-                await self._kube.replace(LEASES.item(self.name, self.namespace), body)
+            replaced = await self.kube.replace(
+                LEASES.item(self.name, self.namespace), body, request_timeout=self.request_timeout
             )
+            return self._record(replaced)
         except Conflict:
             raise LeaseConflict(f"Lease {self.namespace}/{self.name} changed") from None
         except KubeError as exc:

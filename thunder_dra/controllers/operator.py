@@ -45,9 +45,8 @@ from thunder_dra.controllers.publish import Publisher
 from thunder_dra.controllers.reaper import Reaper
 from thunder_dra.controllers.runtime import ClusterLoop, Services
 from thunder_dra.controllers.thunderaccess import ThunderClients
-from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.resources import DEVICE_CLASSES, RESOURCE_SLICES, THUNDER_CLUSTERS
-from thunder_dra.kube.transport import AiohttpTransport, build_client, load_configuration
+from thunder_dra.kube.transport import build_client, load_configuration
 from thunder_dra.process.health import HealthServer
 from thunder_dra.process.metrics import Metrics, process_registry
 from thunder_dra.process.tracing import OPERATOR_SERVICE, configure_tracing
@@ -179,6 +178,16 @@ class Operator:
             self.loops.pop(uid, None)
             _log.info("stopped reconciling ThunderCluster", extra={"cluster": name})
 
+    def lease_store(self) -> KubeLeaseStore:
+        """The leader Lease, through the operator's one client; each Lease request is
+        bounded by the renew deadline rather than the client's longer request timeout."""
+        return KubeLeaseStore(
+            self.kube,
+            self.options.namespace,
+            self.options.lease_name,
+            request_timeout=self.options.election.renew_deadline,
+        )
+
     # -- webhook context ---------------------------------------------------------------
 
     async def thundercluster_names(self) -> Collection[str]:
@@ -288,20 +297,12 @@ class Operator:
             readiness=self.not_ready,
         )
         await health.start()
-        lease_client = None
         try:
             await self.kube.open()  # a bad kubeconfig fails here, not in a loop
             if self.options.standalone:
                 self.leader_gauge.set(1)
             else:
-                lease_client = KubeClient(
-                    AiohttpTransport(self.options.kubeconfig, user_agent=user_agent("operator")),
-                    timeout=self.options.election.renew_deadline,
-                )
-                await lease_client.open()
-                store = KubeLeaseStore(
-                    lease_client, self.options.namespace, self.options.lease_name
-                )
+                store = self.lease_store()
                 self.elector = LeaderElector(
                     store,
                     candidate_identity(),
@@ -336,8 +337,6 @@ class Operator:
             # kopf has stopped the daemons: releasing now hands over without overlap.
             if self.elector is not None:
                 await self.elector.stop(release=True)
-            if lease_client is not None:
-                await lease_client.close()
             await health.stop()
             await self.thunder_clients.aclose()
             tracer_provider.shutdown()

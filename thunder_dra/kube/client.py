@@ -43,6 +43,12 @@ JSON_PATCH: Final = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 
+METADATA_ONLY: Final = (
+    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+)
+"""Accept header of a list of the items' metadata alone (whole items from a server that
+cannot, which callers reading only metadata do not mind)."""
+
 DEFAULT_TIMEOUT: Final = 20.0
 """Seconds one call may take, connecting and reading the whole answer included."""
 LIST_PAGE_SIZE: Final = 100
@@ -61,6 +67,8 @@ class Request:
     body: bytes | None = None
     content_type: str | None = None
     timeout: float = DEFAULT_TIMEOUT
+    accept: str | None = None
+    """The Accept header when not plain JSON (e.g. a metadata-only list)."""
 
     @property
     def target(self) -> str:
@@ -149,6 +157,7 @@ class KubeClient:
         body: Any = None,
         content_type: str | None = None,
         request_timeout: float | None = None,
+        accept: str | None = None,
     ) -> Any:
         """One API call; the decoded JSON answer (None for an empty one).
 
@@ -165,6 +174,7 @@ class KubeClient:
             body=encoded,
             content_type=(content_type or JSON_CONTENT) if encoded is not None else None,
             timeout=self.timeout if request_timeout is None else request_timeout,
+            accept=accept,
         )
         dry_run = any(key == "dryRun" for key, _ in pairs)
         if self._on_write is not None and method in _VERBS and not dry_run:
@@ -219,11 +229,13 @@ class KubeClient:
         label_selector: str | None = None,
         field_selector: str | None = None,
         limit: int = LIST_PAGE_SIZE,
+        accept: str | None = None,
     ) -> AsyncIterator[list[JSON]]:
         """The items of a collection a page at a time, so a caller can shrink them early.
 
         An expired continue token raises :class:`Gone`: the pages already yielded are a
-        stale prefix, so the caller starts again.
+        stale prefix, so the caller starts again. ``accept`` asks for another shape of
+        list, e.g. :data:`METADATA_ONLY` (the items' metadata alone).
         """
         token = ""
         while True:
@@ -234,7 +246,7 @@ class KubeClient:
                 query["fieldSelector"] = field_selector
             if token:
                 query["continue"] = token
-            page = await self.request("GET", collection, query=query) or {}
+            page = await self.request("GET", collection, query=query, accept=accept) or {}
             items: list[JSON] = page.get("items") or []
             yield items
             token = (page.get("metadata") or {}).get("continue") or ""
@@ -266,16 +278,25 @@ class KubeClient:
     # -- writes ------------------------------------------------------------------------
 
     async def create(
-        self, collection: str, body: Mapping[str, Any], *, dry_run: bool = False
+        self,
+        collection: str,
+        body: Mapping[str, Any],
+        *,
+        dry_run: bool = False,
+        request_timeout: float | None = None,
     ) -> JSON:
         """Create; a Conflict (reason AlreadyExists) if the name is taken."""
         query = {"dryRun": "All"} if dry_run else None
-        created: JSON = await self.request("POST", collection, body=body, query=query)
+        created: JSON = await self.request(
+            "POST", collection, body=body, query=query, request_timeout=request_timeout
+        )
         return created
 
-    async def replace(self, path: str, body: Mapping[str, Any]) -> JSON:
+    async def replace(
+        self, path: str, body: Mapping[str, Any], *, request_timeout: float | None = None
+    ) -> JSON:
         """Replace (PUT); a stale ``metadata.resourceVersion`` in ``body`` is a Conflict."""
-        replaced: JSON = await self.request("PUT", path, body=body)
+        replaced: JSON = await self.request("PUT", path, body=body, request_timeout=request_timeout)
         return replaced
 
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> JSON:
