@@ -15,6 +15,10 @@ The API token reaches the pods only through a `secretKeyRef`; it never appears i
 DaemonSet. A `secretKeyRef` can only name a Secret of the pod's own namespace, so the
 Secret must live in the operator's namespace (the chart puts both in one).
 
+The pods get the operator's own `OTEL_*` tracing settings under the daemon's service
+name (`daemontracing`); OTLP headers, which may carry credentials, again only through a
+`secretKeyRef`.
+
 Writes happen only when the rendered object differs from the stored one in what this
 operator sets: the stored object must carry the hash of the current rendering (which
 catches any spec change, removals included) and contain every rendered field (which
@@ -33,6 +37,7 @@ from typing import Any, Final
 
 from thunder_dra.api.constants import API_VERSION, DOMAIN, THUNDER_CLUSTER_KIND
 from thunder_dra.api.thundercluster import ThunderClusterSpec
+from thunder_dra.controllers.daemontracing import NO_TRACING, DaemonTracing
 from thunder_dra.kube import naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import NotFound
@@ -140,10 +145,20 @@ class DaemonSetOwner:
 
 
 def render(
-    spec: ThunderClusterSpec, namespace: str, owner: DaemonSetOwner, service_account: str
+    spec: ThunderClusterSpec,
+    namespace: str,
+    owner: DaemonSetOwner,
+    service_account: str,
+    *,
+    tracing: DaemonTracing = NO_TRACING,
 ) -> dict[str, Any]:
-    """The DaemonSet for `spec`, carrying the hash of its own rendering."""
+    """The DaemonSet for `spec`, carrying the hash of its own rendering.
+
+    `tracing` is the operator's own OpenTelemetry configuration, handed on to the pods
+    (`daemontracing`); a variable the spec's `daemon.extraEnv` sets wins over it.
+    """
     daemon = spec.daemon
+    extra_names = frozenset(var.name for var in daemon.extra_env)
     env = [
         _field_env("NODE_NAME", "spec.nodeName"),
         _field_env("POD_UID", "metadata.uid"),
@@ -152,6 +167,7 @@ def render(
             "name": TOKEN_ENV,
             "valueFrom": {"secretKeyRef": {"name": spec.thunder.secret_name, "key": TOKEN_KEY}},
         },
+        *tracing.env(overridden=extra_names),
         *({"name": var.name, "value": var.value} for var in daemon.extra_env),
     ]
     container: dict[str, Any] = {

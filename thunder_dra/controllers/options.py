@@ -15,13 +15,21 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Final
 
+from thunder_dra.api import syntax
 from thunder_dra.api.duration import parse_duration
+from thunder_dra.controllers.daemontracing import (
+    DEFAULT_HEADERS_KEY,
+    NO_TRACING,
+    DaemonTracing,
+    SecretKey,
+)
 
 DEFAULT_NAMESPACE: Final = "thunder-system"
 DEFAULT_LEASE_NAME: Final = "thunder-dra-operator"
@@ -118,10 +126,15 @@ class OperatorOptions:
     """Timeout of one Kubernetes API request, from connecting (at most 10s of it) to reading
     the whole answer."""
     orphan_grace_period_override: timedelta | None = None
+    daemon_tracing: DaemonTracing = NO_TRACING
+    """The OpenTelemetry settings the daemon pods get: this process's own `OTEL_*`."""
 
     @property
     def webhook_enabled(self) -> bool:
         return self.webhook_port > 0
+
+
+_SECRET_KEY: Final = re.compile(r"[-._a-zA-Z0-9]{1,253}")
 
 
 def _env(environ: Mapping[str, str], *names: str, default: str = "") -> str:
@@ -203,6 +216,19 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "--daemon-service-account",
         default=_env(env, "THUNDER_DAEMON_SERVICE_ACCOUNT", default=DEFAULT_DAEMON_SERVICE_ACCOUNT),
         help="ServiceAccount of the daemon pods (env THUNDER_DAEMON_SERVICE_ACCOUNT)",
+    )
+    parser.add_argument(
+        "--otel-headers-secret",
+        default=_env(env, "THUNDER_OTEL_HEADERS_SECRET"),
+        help="Secret in the namespace holding the OTLP exporter headers, which the daemon "
+        "pods get as OTEL_EXPORTER_OTLP_HEADERS through a secretKeyRef; without it they get "
+        "no headers, since headers may carry credentials (env THUNDER_OTEL_HEADERS_SECRET)",
+    )
+    parser.add_argument(
+        "--otel-headers-secret-key",
+        default=_env(env, "THUNDER_OTEL_HEADERS_SECRET_KEY", default=DEFAULT_HEADERS_KEY),
+        help="key of the headers in that Secret (env THUNDER_OTEL_HEADERS_SECRET_KEY; "
+        "default %(default)s)",
     )
     parser.add_argument(
         "--operator-service-account",
@@ -303,6 +329,18 @@ def parse_options(
 ) -> OperatorOptions:
     parser = build_parser(environ)
     args = parser.parse_args(argv)
+    headers_secret = None
+    if args.otel_headers_secret:
+        if not syntax.is_dns_subdomain(args.otel_headers_secret):
+            parser.error(
+                f"--otel-headers-secret must be a Secret name, got {args.otel_headers_secret!r}"
+            )
+        if not _SECRET_KEY.fullmatch(args.otel_headers_secret_key):
+            parser.error(
+                "--otel-headers-secret-key must be a Secret key (letters, digits, '-', '_', "
+                f"'.'), got {args.otel_headers_secret_key!r}"
+            )
+        headers_secret = SecretKey(args.otel_headers_secret, args.otel_headers_secret_key)
     cert_file, key_file, ca_file = (
         args.webhook_cert_file,
         args.webhook_key_file,
@@ -354,4 +392,7 @@ def parse_options(
         log_format=args.log_format,
         write_concurrency=args.write_concurrency,
         kube_request_timeout=args.kube_request_timeout,
+        daemon_tracing=DaemonTracing.from_environment(
+            os.environ if environ is None else environ, headers_secret
+        ),
     )

@@ -325,6 +325,7 @@ class ClusterLoop:
             options.namespace,
             daemonset.DaemonSetOwner(cluster.metadata.name, cluster.metadata.uid or ""),
             options.daemon_service_account,
+            tracing=options.daemon_tracing,
         )
         try:
             stored, action = await daemonset.reconcile_daemonset(services.kube, rendered)
