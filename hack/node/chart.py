@@ -32,6 +32,9 @@ from hack.node.launcher import Node
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "thunder-device-plugin"
 POD_CHART = REPO / "charts" / "tests" / "pod"
+VM_CHART = REPO / "charts" / "tests" / "vm"
+# KubeVirt's VirtualMachine and VirtualMachineInstance kinds, for the vm test chart.
+KUBEVIRT_CRDS = Path(__file__).with_name("kubevirt-crds.yaml")
 NAMESPACE = "thunder-system"
 RELEASE = "thunder-device-plugin"
 API_TOKEN = "tcapi_real_node_Secret-API-token-5c1e"
@@ -140,6 +143,16 @@ class Install:
         clients = self.get("clients.thundercompute.com", "-n", namespace) or {"items": [1]}
         claims = self.get("resourceclaims", "-n", namespace) or {"items": [1]}
         return not clients["items"] and not claims["items"]
+
+    def wait_claims_gone(self, namespace: str) -> None:
+        """Until the namespace has no ResourceClaim and no Client left (unprepared)."""
+        wait(lambda: self.claims_gone(namespace), f"the claims and Clients of {namespace} removed")
+
+    def apply(self, name: str, *manifests: dict[str, Any]) -> None:
+        """``kubectl apply`` the manifests, written to ``<workdir>/<name>.yaml``."""
+        path = self.workdir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump_all(manifests))
+        self.node.kubectl("apply", "-f", str(path))
 
     def cdi_specs(self) -> list[Path]:
         return sorted(self.node.host_path("/run/cdi").glob("thundercompute.com-gpu_claim-*.json"))

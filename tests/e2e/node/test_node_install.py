@@ -151,10 +151,6 @@ def _stock(install: Install, name: str, **spec: Any) -> dict[str, Any]:
     return stock_pod(name, install.images["stock"].ref, INJECTED, **spec)
 
 
-def _gone_and_unprepared(install: Install, namespace: str) -> None:
-    wait(lambda: install.claims_gone(namespace), f"the claims and Clients of {namespace} removed")
-
-
 def test_a_stock_pod_with_extended_resource_limits_gets_the_injected_files(
     install: Install,
 ) -> None:
@@ -169,7 +165,7 @@ def test_a_stock_pod_with_extended_resource_limits_gets_the_injected_files(
     assert pod["status"]["phase"] == "Succeeded", logs
     _check_injected(install, logs)
     install.node.kubectl("delete", "pod", "limits", "--wait=true")
-    _gone_and_unprepared(install, "default")
+    install.wait_claims_gone("default")
 
 
 def test_a_resourceclaimtemplate_pod_gets_the_injected_files(install: Install) -> None:
@@ -211,7 +207,7 @@ def test_a_resourceclaimtemplate_pod_gets_the_injected_files(install: Install) -
     assert pod["status"]["phase"] == "Succeeded", logs
     _check_injected(install, logs)
     install.node.kubectl("delete", "pod", "claimed", "--wait=true")
-    _gone_and_unprepared(install, "default")
+    install.wait_claims_gone("default")
 
 
 def test_the_pod_test_chart_installs_and_its_pod_runs(install: Install) -> None:
@@ -234,7 +230,7 @@ def test_the_pod_test_chart_installs_and_its_pod_runs(install: Install) -> None:
     assert wait(finished, "the pod chart's pod to finish", timeout=240) == "Succeeded"
     _check_injected(install, pod_logs(install.node, "gpu-gpu", "chart-pod"))
     install.helm("uninstall", "gpu", "-n", "chart-pod", "--wait")
-    _gone_and_unprepared(install, "chart-pod")
+    install.wait_claims_gone("chart-pod")
 
 
 def _running(install: Install, name: str) -> dict[str, Any] | None:
@@ -285,11 +281,11 @@ def test_after_a_runtime_restart_with_empty_cdi_dirs_claims_get_their_specs_back
     assert pod["status"]["phase"] == "Succeeded", logs
     _check_injected(install, logs)
     install.node.kubectl("delete", "pod", "survivor", "after-restart", "--wait=true")
-    _gone_and_unprepared(install, "default")
+    install.wait_claims_gone("default")
 
 
 def test_after_the_pods_are_gone_no_enrollment_leaked(install: Install) -> None:
     for namespace in ("default", "chart-pod"):
-        _gone_and_unprepared(install, namespace)
+        install.wait_claims_gone(namespace)
     wait(lambda: not install.cdi_specs(), "the claims' CDI specs removed")
     assert install.fake.admin.leaks() == []
