@@ -73,8 +73,24 @@ _ANY_SCALAR = st.one_of(
 )
 
 
+_STRATEGIES: dict[tuple[int, int], tuple[dict[str, Any], st.SearchStrategy[Any]]] = {}
+
+
 def _for_schema(node: dict[str, Any], depth: int = 0) -> st.SearchStrategy[Any]:
-    """Values for `node`: of its type (bounds ignored) most often, anything sometimes."""
+    """Values for `node`: of its type (bounds ignored) most often, anything sometimes.
+
+    Built once per schema node and depth: the tests draw from these inside every example,
+    and a strategy built afresh is validated and labelled afresh by hypothesis each time,
+    which cost more than the examples themselves. The entry keeps its node alive, so the
+    node's id stays a key no other node can take.
+    """
+    key = (id(node), depth)
+    if key not in _STRATEGIES:
+        _STRATEGIES[key] = (node, _build_for_schema(node, depth))
+    return _STRATEGIES[key][1]
+
+
+def _build_for_schema(node: dict[str, Any], depth: int) -> st.SearchStrategy[Any]:
     kind = node.get("type")
     if node.get("x-kubernetes-int-or-string"):
         typed: st.SearchStrategy[Any] = st.one_of(_HOSTILE_NUMBERS, _HOSTILE_STRINGS)
