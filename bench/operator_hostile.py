@@ -33,7 +33,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,17 +40,8 @@ from typing import Any
 
 from bench.docsection import command_line, replace_section
 from bench.operator_inventory import DOC, INTRO, MODELS, machine, peak_rss_mib
-from hack.cluster import Cluster, ClusterConfig
-from hack.fake_thunder import start_fake_thunder
-from hack.testbed.kube import Kube, wait_for
-from hack.testbed.operator import (
-    API_TOKEN,
-    RECONCILE_ANNOTATION,
-    OperatorProcess,
-    apply_crds,
-    thundercluster_manifest,
-    token_secret,
-)
+from hack.testbed.kube import wait_for
+from hack.testbed.operator import StandaloneOperator, standalone_operator
 
 SECTION = "## Operator: hostile inventory"
 AFTER = "## Operator"
@@ -199,36 +189,11 @@ class Bench:
         seed = seed_state(
             args.zones, args.models, args.hosts, args.gpus, args.huge_gpus, args.wide_hosts
         )
-        with (
-            start_fake_thunder(tokens=[API_TOKEN], seed=seed, log_level="WARNING") as fake,
-            Cluster(workdir=self.workdir / "cp", config=ClusterConfig()) as cluster,
-        ):
-            kube = Kube(cluster.kubeconfig)
-            apply_crds(kube)
-            name = f"hostile-{uuid.uuid4().hex[:6]}"
-            with kube.namespace("thunder-bench") as namespace:
-                kube.create(token_secret(namespace))
-                manifest = thundercluster_manifest(name, namespace, fake.base_url)
-                manifest["spec"]["operator"]["reconcileInterval"] = "24h"
-                kube.create(manifest)
-                operator = OperatorProcess(
-                    cluster.kubeconfig,
-                    ["--standalone", "--namespace", namespace, "--cluster-name", name],
-                    self.workdir,
-                )
-                try:
-                    return self._measure(kube, operator, name)
-                finally:
-                    operator.stop()
-                    kube.delete("thundercompute.com/v1alpha1", "ThunderCluster", name)
+        with standalone_operator(self.workdir, seed, prefix="hostile") as world:
+            return self._measure(world)
 
-    def _request_pass(self, kube: Kube, name: str) -> None:
-        patch = {"metadata": {"annotations": {RECONCILE_ANNOTATION: uuid.uuid4().hex}}}
-        kube.resource("thundercompute.com/v1alpha1", "ThunderCluster").patch(
-            name=name, body=patch, content_type="application/merge-patch+json"
-        )
-
-    def _measure(self, kube: Kube, operator: OperatorProcess, name: str) -> dict[str, Any]:
+    def _measure(self, world: StandaloneOperator) -> dict[str, Any]:
+        kube, operator, name = world.kube, world.operator, world.name
         health_url = f"http://127.0.0.1:{operator.health_port}/healthz"
         started = time.monotonic()
         operator.start()
@@ -238,11 +203,7 @@ class Bench:
 
         poller = HealthPoller(health_url)
         poller.start()
-        wait_for(
-            lambda: operator.metric("thunder_dra_operator_inventory_passes_total") >= 1,
-            "the first publish",
-            timeout=PASS_TIMEOUT,
-        )
+        operator.wait_passes(1, "the first publish", timeout=PASS_TIMEOUT)
         poller.stop()
         first_wall = time.monotonic() - started
         first = PassFigures(
@@ -272,15 +233,11 @@ class Bench:
         # A no-change pass, with /healthz polled throughout.
         before_seconds = first.seconds
         before_requests = first.thunder_requests
-        done = operator.metric("thunder_dra_operator_inventory_passes_total")
+        done = operator.passes_logged()
         poller = HealthPoller(health_url)
         poller.start()
-        self._request_pass(kube, name)
-        wait_for(
-            lambda: operator.metric("thunder_dra_operator_inventory_passes_total") >= done + 1,
-            "a no-change pass",
-            timeout=PASS_TIMEOUT,
-        )
+        world.request_pass()
+        operator.wait_passes(done + 1, "a no-change pass", timeout=PASS_TIMEOUT)
         poller.stop()
         no_change = PassFigures(
             seconds=operator.metric(
@@ -296,7 +253,7 @@ class Bench:
 
         # SIGTERM in the middle of the next pass (half way through, by the last one).
         starts = operator.metric("thunder_dra_operator_inventory_pass_starts_total")
-        self._request_pass(kube, name)
+        world.request_pass()
         wait_for(
             lambda: (
                 operator.metric("thunder_dra_operator_inventory_pass_starts_total") >= starts + 1
@@ -305,7 +262,7 @@ class Bench:
             timeout=PASS_TIMEOUT,
         )
         time.sleep(no_change.seconds / 2)
-        in_pass = operator.metric("thunder_dra_operator_inventory_passes_total") == done + 1
+        in_pass = operator.passes_logged() == done + 1
         popen = operator.popen
         assert popen is not None
         rss_before_exit = peak_rss_mib(popen.pid)
@@ -333,7 +290,7 @@ class Bench:
             timeout=PASS_TIMEOUT,
         )
         time.sleep(first.seconds / 2)
-        publish_in_pass = operator.metric("thunder_dra_operator_inventory_passes_total") == 0
+        publish_in_pass = operator.passes_logged() == 0
         republished = len(
             kube.resource("resource.k8s.io/v1", "ResourceSlice")
             .get(label_selector="app.kubernetes.io/component=resource-inventory")

@@ -29,24 +29,18 @@ import re
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.docsection import command_line, replace_section
-from hack.cluster import Cluster, ClusterConfig
-from hack.fake_thunder import start_fake_thunder
-from hack.testbed.kube import Kube, wait_for
+from hack.cluster import Cluster
 from hack.testbed.operator import (
-    API_TOKEN,
     OPERATOR_AGENT,
-    RECONCILE_ANNOTATION,
     OperatorProcess,
-    apply_crds,
-    thundercluster_manifest,
-    token_secret,
+    StandaloneOperator,
+    standalone_operator,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,6 +63,9 @@ class PassFigures:
     thunder_requests: float
     kubernetes_writes: int
     writes_by_resource: dict[str, int] = field(default_factory=dict)
+    cpu_seconds: float = 0.0
+    """utime + stime of the operator process over the pass (from its start for a first
+    pass)."""
 
 
 def seed_state(zones: int, models: int, gpus: int) -> dict[str, Any]:
@@ -125,113 +122,72 @@ class Bench:
     def run(self) -> dict[str, Any]:
         args = self.args
         seed = seed_state(args.zones, args.models, args.gpus)
-        results: dict[str, Any] = {}
-        with (
-            start_fake_thunder(tokens=[API_TOKEN], seed=seed, log_level="WARNING") as fake,
-            Cluster(workdir=self.workdir / "cp", config=ClusterConfig()) as cluster,
-        ):
-            if args.latency_ms:
-                fake.admin.add_fault("/api/v1/*", method="GET", latency_ms=args.latency_ms)
-            kube = Kube(cluster.kubeconfig)
-            apply_crds(kube)
-            name = f"bench-{uuid.uuid4().hex[:6]}"
-            with kube.namespace("thunder-bench") as namespace:
-                kube.create(token_secret(namespace))
-                manifest = thundercluster_manifest(name, namespace, fake.base_url)
-                manifest["spec"]["operator"]["reconcileInterval"] = "24h"
-                kube.create(manifest)
-                operator = OperatorProcess(
-                    cluster.kubeconfig,
-                    ["--standalone", "--namespace", namespace, "--cluster-name", name],
-                    self.workdir,
-                )
-                try:
-                    results = self._measure(kube, cluster, operator, name)
-                finally:
-                    operator.stop()
-                    kube.delete("thundercompute.com/v1alpha1", "ThunderCluster", name)
-        return results
+        with standalone_operator(
+            self.workdir, seed, prefix="bench", latency_ms=args.latency_ms
+        ) as world:
+            return self._measure(world)
 
-    def _pass(
-        self, operator: OperatorProcess, cluster: Cluster, kube: Kube, name: str
+    @staticmethod
+    def _figures(
+        operator: OperatorProcess, cluster: Cluster, mark: int, base: tuple[float, float, float]
     ) -> PassFigures:
-        before_seconds = operator.metric(
-            "thunder_dra_operator_reconcile_duration_seconds_sum", kind="inventory"
-        )
-        before_requests = operator.metric("thunder_dra_thunder_api_requests_total")
-        started = operator.metric("thunder_dra_operator_inventory_pass_starts_total")
-        _, _, mark = operator_writes(cluster, 0)
-        patch = {"metadata": {"annotations": {RECONCILE_ANNOTATION: uuid.uuid4().hex}}}
-        kube.resource("thundercompute.com/v1alpha1", "ThunderCluster").patch(
-            name=name, body=patch, content_type="application/merge-patch+json"
-        )
-        wait_for(
-            lambda: operator.metric("thunder_dra_operator_inventory_passes_total") >= started + 1,
-            "a pass",
-            timeout=1800,
-        )
+        """The figures since `base` (inventory seconds, Thunder requests, CPU seconds)."""
         writes, by_resource, _ = operator_writes(cluster, mark)
         return PassFigures(
             seconds=operator.metric(
                 "thunder_dra_operator_reconcile_duration_seconds_sum", kind="inventory"
             )
-            - before_seconds,
-            thunder_requests=operator.metric("thunder_dra_thunder_api_requests_total")
-            - before_requests,
+            - base[0],
+            thunder_requests=operator.metric("thunder_dra_thunder_api_requests_total") - base[1],
             kubernetes_writes=writes,
             writes_by_resource=by_resource,
+            cpu_seconds=operator.cpu_seconds() - base[2],
         )
 
-    def _measure(
-        self, kube: Kube, cluster: Cluster, operator: OperatorProcess, name: str
-    ) -> dict[str, Any]:
-        _, _, mark = operator_writes(cluster, 0)
-        started = time.monotonic()
-        operator.start()
-        wait_for(
-            lambda: operator.metric("thunder_dra_operator_inventory_passes_total") >= 1,
-            "the first publish",
-            timeout=1800,
-        )
-        first_wall = time.monotonic() - started
-        writes, by_resource, _ = operator_writes(cluster, mark)
-        first = PassFigures(
-            seconds=operator.metric(
+    def _pass(self, world: StandaloneOperator) -> PassFigures:
+        operator = world.operator
+        base = (
+            operator.metric(
                 "thunder_dra_operator_reconcile_duration_seconds_sum", kind="inventory"
             ),
-            thunder_requests=operator.metric("thunder_dra_thunder_api_requests_total"),
-            kubernetes_writes=writes,
-            writes_by_resource=by_resource,
+            operator.metric("thunder_dra_thunder_api_requests_total"),
+            operator.cpu_seconds(),
         )
+        done = operator.passes_logged()
+        _, _, mark = operator_writes(world.cluster, 0)
+        world.request_pass()
+        operator.wait_passes(done + 1, "a pass")
+        return self._figures(operator, world.cluster, mark, base)
+
+    def _start(self, world: StandaloneOperator, restart: bool) -> tuple[float, PassFigures]:
+        """Start (or restart) the operator; the wall time to its first pass's end, and that
+        pass's figures (CPU from the process's start)."""
+        operator = world.operator
+        _, _, mark = operator_writes(world.cluster, 0)
+        started = time.monotonic()
+        if restart:
+            operator.restart()
+        else:
+            operator.start()
+        operator.wait_passes(1, "the first pass")
+        wall = time.monotonic() - started
+        return wall, self._figures(operator, world.cluster, mark, (0.0, 0.0, 0.0))
+
+    def _measure(self, world: StandaloneOperator) -> dict[str, Any]:
+        operator = world.operator
+        first_wall, first = self._start(world, restart=False)
         assert operator.popen is not None
         devices = operator.metric("thunder_dra_operator_pool_published_devices")
         pools = operator.metric("thunder_dra_operator_pools")
-        no_change = [self._pass(operator, cluster, kube, name) for _ in range(self.args.passes)]
+        no_change = [self._pass(world) for _ in range(self.args.passes)]
         rss_first = peak_rss_mib(operator.popen.pid)
 
-        _, _, mark = operator_writes(cluster, 0)
-        started = time.monotonic()
-        operator.restart()
-        wait_for(
-            lambda: operator.metric("thunder_dra_operator_inventory_passes_total") >= 1,
-            "the restarted operator's first pass",
-            timeout=1800,
-        )
-        restart_wall = time.monotonic() - started
-        restart_writes, restart_by_resource, _ = operator_writes(cluster, mark)
-        restart_pass = PassFigures(
-            seconds=operator.metric(
-                "thunder_dra_operator_reconcile_duration_seconds_sum", kind="inventory"
-            ),
-            thunder_requests=operator.metric("thunder_dra_thunder_api_requests_total"),
-            kubernetes_writes=restart_writes,
-            writes_by_resource=restart_by_resource,
-        )
-        restart_no_change = self._pass(operator, cluster, kube, name)
+        restart_wall, restart_pass = self._start(world, restart=True)
+        restart_no_change = self._pass(world)
         assert operator.popen is not None
         rss_restart = peak_rss_mib(operator.popen.pid)
         slices = len(
-            kube.resource("resource.k8s.io/v1", "ResourceSlice")
+            world.kube.resource("resource.k8s.io/v1", "ResourceSlice")
             .get(label_selector="app.kubernetes.io/component=resource-inventory")
             .items
         )
@@ -309,21 +265,24 @@ def render(args: argparse.Namespace, results: dict[str, Any], command: str) -> s
         f"{results['pools']:.0f} pools, {results['devices']:.0f} devices in "
         f"{results['slices']} ResourceSlices.",
         "",
-        "| measurement | time | Thunder requests | Kubernetes writes |",
-        "| --- | --- | --- | --- |",
-        f"| first publish, operator start to end of pass | {results['first_wall']:.1f} s | | |",
-        f"| first publish, the pass | {first.seconds:.1f} s | {first.thunder_requests:.0f} "
+        "| measurement | time | operator CPU | Thunder requests | Kubernetes writes |",
+        "| --- | --- | --- | --- | --- |",
+        f"| first publish, operator start to end of pass | {results['first_wall']:.1f} s "
+        f"| {first.cpu_seconds:.1f} s | | |",
+        f"| first publish, the pass | {first.seconds:.1f} s | | {first.thunder_requests:.0f} "
         f"| {_writes(first)} |",
         *(
-            f"| no-change pass {i + 1} | {f.seconds:.2f} s | {f.thunder_requests:.0f} "
-            f"| {_writes(f)} |"
+            f"| no-change pass {i + 1} | {f.seconds:.2f} s | {f.cpu_seconds:.2f} s "
+            f"| {f.thunder_requests:.0f} | {_writes(f)} |"
             for i, f in enumerate(no_change)
         ),
-        f"| restarted operator, start to end of first pass | {results['restart_wall']:.1f} s | | |",
-        f"| restarted operator, first pass | {restart.seconds:.2f} s "
+        f"| restarted operator, start to end of first pass | {results['restart_wall']:.1f} s "
+        f"| {restart.cpu_seconds:.1f} s | | |",
+        f"| restarted operator, first pass | {restart.seconds:.2f} s | "
         f"| {restart.thunder_requests:.0f} | {_writes(restart)} |",
         f"| restarted operator, next no-change pass "
         f"| {results['restart_no_change'].seconds:.2f} s "
+        f"| {results['restart_no_change'].cpu_seconds:.2f} s "
         f"| {results['restart_no_change'].thunder_requests:.0f} "
         f"| {_writes(results['restart_no_change'])} |",
         "",
@@ -344,6 +303,10 @@ def render(args: argparse.Namespace, results: dict[str, Any], command: str) -> s
         "`spec.operator.inventoryConcurrency` (default 8) in flight; no-change passes "
         f"took {best.seconds:.2f} to {worst.seconds:.2f} s.",
         "",
+        "Operator CPU is utime + stime of the operator process (`/proc/<pid>/stat`): over "
+        "the pass for a no-change pass, from the process's start for a first pass. Passes "
+        "are waited for through the operator's log, not its `/metrics`, so the waiting "
+        "does not load the process measured. "
         "Thunder requests are counted once per attempt by the operator's client "
         "(`thunder_dra_thunder_api_requests_total`); writes come from the API server's audit log, "
         "filtered by the operator's user agent (status patches and events included, "

@@ -6,6 +6,10 @@ that is killed), waits for `/readyz`, reads its `/metrics`, and stops it with SI
 the API-token Secret, a ThunderCluster pointing at the fake, and the operator; its
 `sync()` asks for a pass (through the `reconcile-requested` annotation) and waits until
 a pass that started after the call has finished, so a test never sleeps for a pass.
+`standalone_operator` is the benchmarks' world: a fake Thunder seeded with an inventory,
+a local control plane and an operator not yet started; passes are waited for through the
+operator's log (`OperatorProcess.passes_logged`), so that waiting does not load the
+process being measured with `/metrics` expositions.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from typing import Any
 from kubernetes import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
-from hack.cluster import Cluster, free_port
-from hack.fake_thunder import FakeThunderProcess
+from hack.cluster import Cluster, ClusterConfig, free_port
+from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
 from hack.testbed.kube import Kube, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,6 +47,8 @@ INVENTORY_LABELS = (
 CLASS_LABELS = "app.kubernetes.io/name=thunder-dra-driver,app.kubernetes.io/component=device-class"
 RECONCILE_ANNOTATION = "thundercompute.com/reconcile-requested"
 OPERATOR_AGENT = "thunder-device-plugin/"
+PASS_END_MESSAGES = (b'"message":"inventory pass done"', b'"message":"reconcile failed, retrying"')
+"""The log records (JSON format) that end a reconcile cycle, whatever its outcome."""
 
 
 def _die_with_parent() -> None:
@@ -64,6 +70,8 @@ class OperatorProcess:
         self.starts = 0
         # Variables for the next start, over the defaults (tracing is off by default).
         self.environment: dict[str, str] = {}
+        self._log_read = 0
+        self._log_passes = 0
 
     @property
     def log_path(self) -> Path:
@@ -72,6 +80,7 @@ class OperatorProcess:
     def start(self, extra_args: Sequence[str] = ()) -> None:
         assert self.popen is None or self.popen.poll() is not None, "already running"
         self.starts += 1
+        self._log_read = self._log_passes = 0
         env = {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
@@ -146,6 +155,32 @@ class OperatorProcess:
             with contextlib.suppress(ValueError):
                 records.append(json.loads(line))
         return records
+
+    def passes_logged(self) -> int:
+        """Reconcile cycles the running process has ended (its log's pass-end records).
+
+        Reads only what was appended since the last call: cheap enough to poll often,
+        and it costs the operator nothing, unlike a `/metrics` exposition."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self._log_read)
+                data = log.read()
+        except FileNotFoundError:
+            return 0
+        complete = data.rfind(b"\n") + 1
+        self._log_read += complete
+        self._log_passes += sum(data[:complete].count(m) for m in PASS_END_MESSAGES)
+        return self._log_passes
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds of the running process (`/proc/<pid>/stat`)."""
+        assert self.popen is not None, "not running"
+        fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def wait_passes(self, count: int, what: str, timeout: float = 1800) -> None:
+        """Until the running process has ended `count` reconcile cycles."""
+        wait_for(lambda: self.passes_logged() >= count, what, timeout=timeout)
 
     def metrics_text(self) -> str:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
@@ -270,6 +305,58 @@ class OperatorEnv:
         for gpu_type, count in hosts:
             self.fake.admin.add_host(zone_id, gpu_type, count)
         return zone_id
+
+
+@dataclass
+class StandaloneOperator:
+    """A seeded fake Thunder, a control plane, a ThunderCluster and its (stopped) operator."""
+
+    fake: FakeThunderProcess
+    cluster: Cluster
+    kube: Kube
+    namespace: str
+    name: str
+    operator: OperatorProcess
+
+    def request_pass(self) -> None:
+        """Ask for a pass through the `reconcile-requested` annotation."""
+        patch = {"metadata": {"annotations": {RECONCILE_ANNOTATION: uuid.uuid4().hex}}}
+        self.kube.resource(THUNDER_API, "ThunderCluster").patch(
+            name=self.name, body=patch, content_type="application/merge-patch+json"
+        )
+
+
+@contextlib.contextmanager
+def standalone_operator(
+    workdir: Path, seed: Mapping[str, Any], *, prefix: str, latency_ms: int = 0
+) -> Iterator[StandaloneOperator]:
+    """The world of an operator benchmark; the operator is left for the caller to start
+    (it times the start), and is stopped on the way out."""
+    with (
+        start_fake_thunder(tokens=[API_TOKEN], seed=seed, log_level="WARNING") as fake,
+        Cluster(workdir=workdir / "cp", config=ClusterConfig()) as cluster,
+    ):
+        if latency_ms:
+            fake.admin.add_fault("/api/v1/*", method="GET", latency_ms=latency_ms)
+        kube = Kube(cluster.kubeconfig)
+        apply_crds(kube)
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        with kube.namespace("thunder-bench") as namespace:
+            kube.create(token_secret(namespace))
+            manifest = thundercluster_manifest(name, namespace, fake.base_url)
+            # Passes are asked for; the timer must not add any.
+            manifest["spec"]["operator"]["reconcileInterval"] = "24h"
+            kube.create(manifest)
+            operator = OperatorProcess(
+                cluster.kubeconfig,
+                ["--standalone", "--namespace", namespace, "--cluster-name", name],
+                workdir,
+            )
+            try:
+                yield StandaloneOperator(fake, cluster, kube, namespace, name, operator)
+            finally:
+                operator.stop()
+                kube.delete(THUNDER_API, "ThunderCluster", name)
 
 
 def apply_crds(kube: Kube) -> None:
