@@ -10,8 +10,9 @@ Thunder read. Nothing published is removed when Thunder cannot be read: a failed
 list keeps everything, a failed zone keeps its pools (and their classes). A shrinking
 answer is held until it repeats (shrinkguard), and devices allocated to ResourceClaims
 stay published whatever Thunder says, with their pool and class. A pass where
-nothing changed makes no write, also in a freshly started process, which compares with
-what it lists rather than with anything remembered.
+nothing changed makes no write, also in a freshly started process: it compares with
+what it lists (the slices' metadata every pass, their specs from the publisher's cache
+while their resourceVersion is the cached one: see listing).
 
 `extendedResourceName` support is learnt once per process: from existing classes that
 carry the field, else from a server-side dry run, else from reading back the first
@@ -33,11 +34,7 @@ from thunder_dra.api.thundercluster import InventoryProtectionSpec, PoolStatus, 
 from thunder_dra.controllers.capacity import PoolCapacity, compute_capacity
 from thunder_dra.controllers.deviceclasses import build_device_classes, selector_expression
 from thunder_dra.controllers.events import EventRecorder, ObjectRef
-from thunder_dra.controllers.listing import (
-    list_claims,
-    list_device_classes,
-    list_inventory_slices,
-)
+from thunder_dra.controllers.listing import list_claims, list_device_classes
 from thunder_dra.controllers.metrics import OperatorMetrics
 from thunder_dra.controllers.publish import Publisher, PublishOutcome
 from thunder_dra.controllers.shrinkguard import GuardDecision, PublishedPool, judge
@@ -222,7 +219,7 @@ class InventoryReconciler:
         concurrency = spec.operator.inventory_concurrency
         read, slices, classes, claims = await asyncio.gather(
             read_inventory(thunder, concurrency),
-            list_inventory_slices(self._kube),
+            self._publisher.cache.slices(self._kube),
             list_device_classes(self._kube),
             list_claims(self._kube, spec.operator.driver_name),
         )

@@ -15,12 +15,19 @@ Writes within a step run concurrently (bounded). A 409 (the object changed since
 was listed, or appeared meanwhile) is not an error: the pass reports a conflict and the
 next pass, made right away, plans against fresh objects. Every DeviceClass written is
 checked for a silently dropped `extendedResourceName` (DRAExtendedResource off).
+
+What the API server stores for each slice written is kept in the publisher's
+`SliceCache` (listing), so the next pass need not list the slices whole. A pool found
+unchanged is remembered by a digest of its desired state and the resourceVersions of its
+slices; while both stay the same, later passes skip comparing its devices: the same
+objects against the same desired state give the same (empty) plan.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Collection, Iterator, Mapping, Sequence
@@ -40,6 +47,7 @@ from thunder_dra.controllers.diff import (
     plan_device_classes,
     plan_resource_slices,
 )
+from thunder_dra.controllers.listing import SliceCache
 from thunder_dra.controllers.slices import DesiredPool
 from thunder_dra.kube import naming
 from thunder_dra.kube.client import KubeClient
@@ -158,18 +166,62 @@ def group_by_pool(
     return dict(grouped)
 
 
+PoolKey = tuple[bytes, tuple[tuple[str, str], ...]]
+"""A pool's desired-state digest and its slices' (name, resourceVersion) pairs."""
+
+
+def pool_key(pool: DesiredPool, existing: Sequence[Mapping[str, Any]]) -> PoolKey | None:
+    """What a pool's plan depends on; None when a slice lacks a name or resourceVersion."""
+    versions = []
+    for obj in existing:
+        metadata = obj.get("metadata") or {}
+        name, version = metadata.get("name"), metadata.get("resourceVersion")
+        if not isinstance(name, str) or not isinstance(version, str) or not version:
+            return None
+        versions.append((name, version))
+    digest = hashlib.blake2b(repr(pool).encode(), digest_size=16).digest()
+    return digest, tuple(sorted(versions))
+
+
 def slice_actions_in_batches(
     pools: Sequence[DesiredPool],
     existing_by_pool: Mapping[str, Sequence[Mapping[str, Any]]],
     budget: int = BATCH_DEVICES,
+    unchanged: dict[str, PoolKey] | None = None,
 ) -> Iterator[tuple[list[Action], list[Action]]]:
-    """(writes, deletes) of the desired pools' own slices, a batch at a time."""
+    """(writes, deletes) of the desired pools' own slices, a batch at a time.
+
+    With `unchanged` (pool name -> key of the pool when last found unchanged), a pool
+    with the same key is not compared again, and every pool found unchanged is put
+    there; the mapping is left holding only the desired pools.
+    """
+    seen: dict[str, PoolKey] = {}
     for batch in batches(pools, budget):
-        existing = [obj for pool in batch for obj in existing_by_pool.get(pool.name, ())]
-        plan = plan_resource_slices(batch, existing)
+        keys: dict[str, PoolKey | None] = {}
+        todo = []
+        for pool in batch:
+            key = (
+                pool_key(pool, existing_by_pool.get(pool.name, ()))
+                if unchanged is not None
+                else None
+            )
+            keys[pool.name] = key
+            if key is not None and unchanged is not None and unchanged.get(pool.name) == key:
+                seen[pool.name] = key
+            else:
+                todo.append(pool)
+        existing = [obj for pool in todo for obj in existing_by_pool.get(pool.name, ())]
+        plan = plan_resource_slices(todo, existing)
+        for pool in todo:
+            key = keys[pool.name]
+            if key is not None and pool.name not in plan.changed_pools:
+                seen[pool.name] = key
         writes: list[Action] = [a for a in plan.actions if not isinstance(a, Delete)]
         deletes: list[Action] = [a for a in plan.actions if isinstance(a, Delete)]
         yield writes, deletes
+    if unchanged is not None:
+        unchanged.clear()
+        unchanged.update(seen)
 
 
 Step = tuple[str, list[Action]]
@@ -181,6 +233,7 @@ def plan_steps(
     outside: ClassPlan,
     existing_by_pool: Mapping[str, Sequence[Mapping[str, Any]]],
     budget: int = BATCH_DEVICES,
+    unchanged: dict[str, PoolKey] | None = None,
 ) -> Iterator[Step]:
     """The plan as steps in `plan_inventory(...).ordered()` order, made lazily batch by batch.
 
@@ -188,7 +241,7 @@ def plan_steps(
     """
     yield "class-writes", [a for a in outside.class_actions if not isinstance(a, Delete)]
     deferred: list[Action] = []
-    for writes, deletes in slice_actions_in_batches(pools, existing_by_pool, budget):
+    for writes, deletes in slice_actions_in_batches(pools, existing_by_pool, budget, unchanged):
         yield "slice-writes", writes
         deferred.extend(deletes)
     yield "slice-deletes", [*deferred, *outside.retired_slice_actions]
@@ -201,6 +254,9 @@ class Publisher:
     def __init__(self, kube: KubeClient, concurrency: int) -> None:
         self._kube = kube
         self._gate = asyncio.Semaphore(concurrency)
+        self.cache = SliceCache()
+        """The published slices as last seen; passes list them through it."""
+        self._unchanged: dict[str, PoolKey] = {}
 
     async def publish(
         self,
@@ -252,7 +308,7 @@ class Publisher:
 
         # Planning a batch is pure CPU work (comparing every device of its pools); it runs
         # in a worker thread so probes, metrics and watches stay served meanwhile.
-        steps = plan_steps(pools, outside, by_pool)
+        steps = plan_steps(pools, outside, by_pool, unchanged=self._unchanged)
         while (step := await asyncio.to_thread(next, steps, None)) is not None:
             await self._apply_all(step[1], outcome)
         return outcome
@@ -276,17 +332,21 @@ class Publisher:
             if isinstance(action, Create):
                 stored = await self._kube.create(path.collection(), action.body)
                 outcome.writes += 1
-                self._check_class(action.body, stored, outcome)
+                self._stored(action, stored, outcome)
             elif isinstance(action, Update):
                 stored = await self._kube.replace(path.item(action.name), action.body)
                 outcome.writes += 1
-                self._check_class(action.body, stored, outcome)
+                self._stored(action, stored, outcome)
             elif isinstance(action, Replace):
+                self.cache.forget(action.name)
                 await self._delete(path.item(action.name), action.resource_version)
                 outcome.writes += 1
                 stored = await self._kube.create(path.collection(), action.body)
                 outcome.writes += 1
+                self._stored(action, stored, outcome)
             else:
+                if action.kind == "ResourceSlice":
+                    self.cache.forget(action.name)
                 await self._delete(path.item(action.name), action.resource_version)
                 outcome.writes += 1
         except KubeError as exc:
@@ -305,11 +365,16 @@ class Publisher:
                 extra={"kind": action.kind, "object": action.name, "error": str(exc)},
             )
 
-    @staticmethod
-    def _check_class(
-        sent: Mapping[str, Any], stored: Mapping[str, Any], outcome: PublishOutcome
+    def _stored(
+        self, action: Create | Update | Replace, stored: Any, outcome: PublishOutcome
     ) -> None:
-        if sent.get("kind") == "DeviceClass" and extended_resource_name_dropped(sent, stored):
+        """What the API server answered a write with: cached for a slice, checked for a
+        class."""
+        if not isinstance(stored, Mapping):
+            return
+        if action.kind == "ResourceSlice":
+            self.cache.remember(stored)
+        elif extended_resource_name_dropped(action.body, stored):
             outcome.extended_resource_dropped = True
 
 

@@ -42,6 +42,7 @@ from typing import Any, Final
 from thunder_dra.api import syntax
 from thunder_dra.api.thundercluster import PoolStatus, ThunderClusterSpec
 from thunder_dra.controllers.capacity import PoolCapacity, format_target
+from thunder_dra.controllers.listing import LeanSliceSpec
 from thunder_dra.kube import naming
 
 MAX_DEVICES_PER_SLICE: Final = 128
@@ -275,10 +276,12 @@ def published_devices(existing_slices: Iterable[Mapping[str, Any]]) -> dict[str,
         if generation > newest.get(name, -1):
             newest[name], devices[name] = generation, set()
         if generation == newest[name]:
+            spec = obj.get("spec") or {}
+            if isinstance(spec, LeanSliceSpec):
+                devices[name].update(spec.device_names)
+                continue
             devices[name].update(
-                d["name"]
-                for d in (obj.get("spec") or {}).get("devices") or ()
-                if isinstance(d.get("name"), str)
+                d["name"] for d in spec.get("devices") or () if isinstance(d.get("name"), str)
             )
     return {name: frozenset(names) for name, names in devices.items()}
 

@@ -131,6 +131,8 @@ class AiohttpTransport:
         headers: dict[str, str] = {}
         if request.content_type is not None:
             headers["Content-Type"] = request.content_type
+        if request.accept is not None:
+            headers["Accept"] = request.accept
         token = await self._configuration.get_api_key_with_prefix(
             "BearerToken", alias="authorization"
         )
