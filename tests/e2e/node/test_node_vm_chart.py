@@ -108,8 +108,12 @@ def install(
         try:
             yield done
         finally:
-            real_node.kubectl("delete", "namespace", VM_NS, "--ignore-not-found", check=False)
-            real_node.kubectl("delete", "-f", str(KUBEVIRT_CRDS), "--ignore-not-found")
+            # While the driver runs: a launcher pod a failed test left is unprepared first.
+            real_node.kubectl(
+                "delete", "namespace", VM_NS, "--ignore-not-found", "--timeout=120s",
+                check=False, timeout=150,
+            )  # fmt: skip
+            real_node.kubectl("delete", "-f", str(KUBEVIRT_CRDS), "--ignore-not-found", check=False)
 
 
 def _vm(install: Install) -> dict[str, Any]:
