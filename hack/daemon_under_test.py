@@ -1,5 +1,5 @@
 # The node daemon with test hooks: `thunder-daemon` plus `--crash-at <step>[@n]`, which makes
-# it exit 137 right after that step (thunder_dra.plugin.crashpoints). Tests only: images ship
+# it exit 137 right after that step (thunder_dra.plugin.state.crashpoints). Tests only: images ship
 # thunder_dra alone, so a production daemon can never be started this way.
 #
 #   .venv/bin/python -m hack.daemon_under_test [--crash-at prepare:cdi-written] <daemon flags>
@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from thunder_dra.plugin.__main__ import main
-from thunder_dra.plugin.crashpoints import CrashPoints
+from thunder_dra.plugin.state.crashpoints import CrashPoints
 
 
 def split_crash_args(argv: Sequence[str]) -> tuple[CrashPoints, list[str]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.runc import build_cdi_check, run_with_cdi, runc_unavailable
-from thunder_dra.plugin import cdi
+from thunder_dra.plugin.files import cdi
 
 UID = "0d6f5a52-7a4e-4d0b-9a55-3c1f6c1e9e01"
 CONFIG = {"deviceId": "client-9", "clientId": "client-9", "gpuType": "A6000", "gpuCount": 2}

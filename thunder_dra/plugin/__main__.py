@@ -13,9 +13,9 @@ import sys
 from collections.abc import Sequence
 
 from thunder_dra.plugin.config import ConfigError, parse_config
-from thunder_dra.plugin.crashpoints import CrashPoints
 from thunder_dra.plugin.daemon import Daemon, StartupError
-from thunder_dra.plugin.node import NodeSetupError
+from thunder_dra.plugin.node.facts import NodeSetupError
+from thunder_dra.plugin.state.crashpoints import CrashPoints
 from thunder_dra.process.logs import configure_logging
 
 log = logging.getLogger("thunder_dra.plugin")

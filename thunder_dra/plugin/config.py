@@ -17,7 +17,7 @@ from pathlib import Path
 
 from thunder_dra.api.syntax import url_problem
 from thunder_dra.kube import naming
-from thunder_dra.plugin.cdi import NodeGpuFiles
+from thunder_dra.plugin.files.cdi import NodeGpuFiles
 from thunder_dra.thunder import DEFAULT_API_URL, DEFAULT_ARTIFACT_BASE_URL, Secret
 
 DEFAULT_TELEMETRY_URL = "https://telemetry.thundercompute.com:2096"

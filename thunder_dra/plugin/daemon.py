@@ -20,17 +20,17 @@ from thunder_dra import fsutil
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.kube.transport import build_client
-from thunder_dra.plugin import lifecycle
-from thunder_dra.plugin.checkpoint import CheckpointVersionError
+from thunder_dra.plugin.claims import lifecycle
+from thunder_dra.plugin.claims.recovery import InstanceJournal
 from thunder_dra.plugin.config import DaemonConfig
-from thunder_dra.plugin.crashpoints import CrashPoints
-from thunder_dra.plugin.enrollment import NodeEnroller
-from thunder_dra.plugin.handler import ClaimService
-from thunder_dra.plugin.hostrunner import HostNamespaceRunner, HostRunner, LocalRunner
+from thunder_dra.plugin.kubelet.handler import ClaimService
+from thunder_dra.plugin.kubelet.service import PluginServer, SocketPaths
 from thunder_dra.plugin.metrics import DaemonMetrics, EnrollmentState
-from thunder_dra.plugin.node import NodeInfo, check_gpu_driver, node_info
-from thunder_dra.plugin.recovery import InstanceJournal
-from thunder_dra.plugin.service import PluginServer, SocketPaths
+from thunder_dra.plugin.node.enrollment import NodeEnroller
+from thunder_dra.plugin.node.facts import NodeInfo, check_gpu_driver, node_info
+from thunder_dra.plugin.node.hostrunner import HostNamespaceRunner, HostRunner, LocalRunner
+from thunder_dra.plugin.state.checkpoint import CheckpointVersionError
+from thunder_dra.plugin.state.crashpoints import CrashPoints
 from thunder_dra.process.health import HealthServer
 from thunder_dra.process.logs import SecretScrubber
 from thunder_dra.process.tracing import DAEMON_SERVICE, configure_tracing

@@ -18,7 +18,7 @@ from hack.testbed.daemon import (
     files_under,
 )
 from hack.testbed.kube import Kube, wait_for
-from thunder_dra.plugin.crashpoints import ENROLL_STEPS, PREPARE_STEPS, UNPREPARE_STEPS
+from thunder_dra.plugin.state.crashpoints import ENROLL_STEPS, PREPARE_STEPS, UNPREPARE_STEPS
 
 CRASHED = 137
 POD_PREPARE = [s for s in PREPARE_STEPS if s != "prepare:secret-written"]

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.support.runc import build_cdi_check
-from thunder_dra.plugin import cdi, clientconfig, libcache
+from thunder_dra.plugin.files import cdi, clientconfig, libcache
 
 ROOT = Path(__file__).resolve().parents[3]
 UID = "8b1f2e3d-4c5b-4a69-8788-99aabbccddee"

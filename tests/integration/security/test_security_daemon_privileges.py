@@ -44,7 +44,7 @@ from thunder_dra.controllers.admissionpolicy import apply_policies, operator_ide
 from thunder_dra.kube.admissionpolicy import SUFFIXES
 from thunder_dra.kube.provenance import ProvenanceKey
 from thunder_dra.kube.transport import build_client
-from thunder_dra.plugin.records import Records
+from thunder_dra.plugin.claims.records import Records
 from thunder_dra.thunder import Secret
 
 REPO = Path(__file__).resolve().parents[3]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from thunder_dra.plugin.crashpoints import ALL_STEPS, CrashPoints
+from thunder_dra.plugin.state.crashpoints import ALL_STEPS, CrashPoints
 
 
 class Crashed(BaseException):

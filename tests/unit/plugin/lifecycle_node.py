@@ -5,7 +5,7 @@ answering through its httpx transport, so no socket is opened), the fake apiserv
 (:class:`thunder_dra.kube.testing.FakeKube` behind the daemon's real
 :class:`thunder_dra.kube.client.KubeClient`) and the node's directories. Each
 :meth:`World.start` assembles a fresh daemon from them with the daemon's own wiring
-(:func:`thunder_dra.plugin.lifecycle.assemble`), so a test can "kill" one mid-step
+(:func:`thunder_dra.plugin.claims.lifecycle.assemble`), so a test can "kill" one mid-step
 (:class:`tests.unit.plugin.fakes.CrashAt`) and start the next on the same state.
 """
 
@@ -28,16 +28,16 @@ from thunder_dra.kube import naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.resources import CLIENTS, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, SECRETS
 from thunder_dra.kube.testing import FakeKube, parse_path
-from thunder_dra.plugin import lifecycle
-from thunder_dra.plugin.checkpoint import CheckpointStore, CheckpointWriter, write_file
+from thunder_dra.plugin.claims import lifecycle
+from thunder_dra.plugin.claims.prepare import Preparer
+from thunder_dra.plugin.claims.recovery import InstanceJournal, Recovery
+from thunder_dra.plugin.claims.repair import Repairer
+from thunder_dra.plugin.claims.unprepare import Unpreparer
 from thunder_dra.plugin.config import DaemonConfig
-from thunder_dra.plugin.crashpoints import CrashPoints
-from thunder_dra.plugin.handler import ClaimService
+from thunder_dra.plugin.kubelet.handler import ClaimService
 from thunder_dra.plugin.metrics import DaemonMetrics
-from thunder_dra.plugin.prepare import Preparer
-from thunder_dra.plugin.recovery import InstanceJournal, Recovery
-from thunder_dra.plugin.repair import Repairer
-from thunder_dra.plugin.unprepare import Unpreparer
+from thunder_dra.plugin.state.checkpoint import CheckpointStore, CheckpointWriter, write_file
+from thunder_dra.plugin.state.crashpoints import CrashPoints
 from thunder_dra.process.logs import SecretScrubber
 from thunder_dra.thunder import ArtifactFetcher, RetryPolicy, Secret, ThunderClient
 

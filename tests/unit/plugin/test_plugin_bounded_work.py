@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.testing import FakeKube
-from thunder_dra.plugin.allocation import ClaimError, PoolResolver, SingleFlight, ZoneIds
-from thunder_dra.plugin.handler import ClaimSlots
-from thunder_dra.plugin.recovery import SWEEP_MAX_BACKOFF_INTERVALS, sweep_delay
+from thunder_dra.plugin.claims.allocation import ClaimError, PoolResolver, SingleFlight, ZoneIds
+from thunder_dra.plugin.claims.recovery import SWEEP_MAX_BACKOFF_INTERVALS, sweep_delay
+from thunder_dra.plugin.kubelet.handler import ClaimSlots
 from thunder_dra.thunder import ThunderClient
 
 ZONES = [

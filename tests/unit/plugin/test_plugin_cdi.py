@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from thunder_dra.plugin import cdi, clientconfig
+from thunder_dra.plugin.files import cdi, clientconfig
 
 UID = "5d0c8f6e-3a1b-4c2d-9e8f-0a1b2c3d4e5f"
 AUTH_TOKEN = "tcat_live_auth_9f8e7d6c5b4a"

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from thunder_dra import fsutil
-from thunder_dra.plugin import checkpoint as ck
+from thunder_dra.plugin.state import checkpoint as ck
 
 
 def _claim(uid: str = "uid-1", **overrides: object) -> ck.PreparedClaim:

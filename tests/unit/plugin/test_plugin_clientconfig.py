@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from thunder_dra.plugin import clientconfig as cc
+from thunder_dra.plugin.files import clientconfig as cc
 
 AUTH_TOKEN = "tcat_auth_5ecret_value"
 KEYS = {

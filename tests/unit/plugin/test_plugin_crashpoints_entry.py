@@ -12,7 +12,8 @@ import inspect
 import pytest
 
 from hack import daemon_under_test
-from thunder_dra.plugin import crashpoints, daemon
+from thunder_dra.plugin import daemon
+from thunder_dra.plugin.state import crashpoints
 
 
 def test_the_daemon_does_not_read_crash_points_from_its_environment() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from thunder_dra.plugin import checkpoint as ck
+from thunder_dra.plugin.state import checkpoint as ck
 
 
 def _claim(uid: str, token: str = "etok-1", **overrides: object) -> ck.PreparedClaim:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from thunder_dra.plugin import guest
-from thunder_dra.plugin.hostrunner import CommandResult, LocalRunner
+from thunder_dra.plugin.files import guest
+from thunder_dra.plugin.node.hostrunner import CommandResult, LocalRunner
 
 TOKEN = "tr_client_token_AbC123"
 NASTY = 'it\'s a "zone" with $HOME `id` \\ and\nnewline'

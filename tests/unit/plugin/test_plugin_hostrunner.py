@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from thunder_dra.plugin import hostrunner as hr
+from thunder_dra.plugin.node import hostrunner as hr
 
 SECRET = "tr_server_token_0123456789"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from thunder_dra.plugin import journal as jn
+from thunder_dra.plugin.state import journal as jn
 
 
 async def test_entry_is_on_disk_before_begin_returns(

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from thunder_dra.plugin import libcache
+from thunder_dra.plugin.files import libcache
 
 PAYLOAD = b"\x7fELF fake libthunder " * 1000
 DIGEST = hashlib.sha256(PAYLOAD).hexdigest()

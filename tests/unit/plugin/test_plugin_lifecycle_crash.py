@@ -17,8 +17,8 @@ import pytest
 from tests.unit.plugin.fakes import CrashAt, Crashed
 from tests.unit.plugin.lifecycle_node import Daemon, World
 from thunder_dra.api import ClaimReference
-from thunder_dra.plugin.checkpoint import PreparedClaim
-from thunder_dra.plugin.crashpoints import PREPARE_STEPS, UNPREPARE_STEPS
+from thunder_dra.plugin.state.checkpoint import PreparedClaim
+from thunder_dra.plugin.state.crashpoints import PREPARE_STEPS, UNPREPARE_STEPS
 
 POD_ONLY = {
     "prepare:exchanged",

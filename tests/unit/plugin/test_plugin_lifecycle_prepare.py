@@ -10,8 +10,8 @@ import pytest
 from tests.unit.plugin.fakes import Recording
 from tests.unit.plugin.lifecycle_node import NAMESPACE, World
 from thunder_dra.kube.resources import EVENTS
-from thunder_dra.plugin.checkpoint import ClaimState, PreparedClaim
-from thunder_dra.plugin.crashpoints import PREPARE_STEPS, UNPREPARE_STEPS
+from thunder_dra.plugin.state.checkpoint import ClaimState, PreparedClaim
+from thunder_dra.plugin.state.crashpoints import PREPARE_STEPS, UNPREPARE_STEPS
 
 
 @pytest.fixture

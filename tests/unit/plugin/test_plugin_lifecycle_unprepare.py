@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.plugin.lifecycle_node import NAMESPACE, World
-from thunder_dra.plugin.checkpoint import ClaimState, PreparedClaim
+from thunder_dra.plugin.state.checkpoint import ClaimState, PreparedClaim
 
 
 @pytest.fixture

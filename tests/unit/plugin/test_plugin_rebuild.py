@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from thunder_dra.plugin import checkpoint as ck
-from thunder_dra.plugin.rebuild import _claims_in_set_aside
+from thunder_dra.plugin.claims.rebuild import _claims_in_set_aside
+from thunder_dra.plugin.state import checkpoint as ck
 
 
 def _claim(uid: str) -> ck.PreparedClaim:

@@ -12,14 +12,14 @@ import pytest
 from kubernetes import client
 
 from hack.testbed.kubelet import KubeletStandIn
-from thunder_dra.plugin.checkpoint import (
+from thunder_dra.plugin.kubelet.service import PluginServer, SocketPaths
+from thunder_dra.plugin.state.checkpoint import (
     ClaimRef,
     ClaimState,
     Consumer,
     PreparedClaim,
     PreparedDevice,
 )
-from thunder_dra.plugin.service import PluginServer, SocketPaths
 from thunder_dra.proto_gen import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 
 DRIVER = "thundercompute.com"

@@ -139,13 +139,13 @@ def test_scrub_leaves_no_token_even_when_masking_joins_neighbours(
 
 def test_both_formats_share_one_schema(restore_root: None) -> None:
     stream, _ = configured("json")
-    logging.getLogger("thunder_dra.plugin.prepare").info(
+    logging.getLogger("thunder_dra.plugin.claims.prepare").info(
         "claim prepared", extra={"claim_uid": "u-1", "zone": "us-east"}
     )
     (record,) = lines(stream)
     assert list(record)[:4] == list(SCHEMA_KEYS)
     assert record["level"] == "info"
-    assert record["logger"] == "thunder_dra.plugin.prepare"
+    assert record["logger"] == "thunder_dra.plugin.claims.prepare"
     assert record["message"] == "claim prepared"
     assert record["time"].endswith("+00:00")
     assert (record["claim_uid"], record["zone"]) == ("u-1", "us-east")
@@ -153,8 +153,10 @@ def test_both_formats_share_one_schema(restore_root: None) -> None:
     assert "trace_id" not in record
 
     text, _ = configured("text")
-    logging.getLogger("thunder_dra.plugin.prepare").info("claim prepared", extra={"zone": "z"})
-    assert "INFO    thunder_dra.plugin.prepare: claim prepared zone=z" in text.getvalue()
+    logging.getLogger("thunder_dra.plugin.claims.prepare").info(
+        "claim prepared", extra={"zone": "z"}
+    )
+    assert "INFO    thunder_dra.plugin.claims.prepare: claim prepared zone=z" in text.getvalue()
 
 
 def test_a_field_cannot_replace_a_schema_key(restore_root: None) -> None:

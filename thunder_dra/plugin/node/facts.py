@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from thunder_dra.kube import naming
-from thunder_dra.plugin.hostrunner import HostCommandError, HostRunner
+from thunder_dra.plugin.node.hostrunner import HostCommandError, HostRunner
 
 NVIDIA_SMI_QUERY = ("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
 _VERSION = re.compile(r"^\s*(\d+)(?:\.\d+)*\s*$")

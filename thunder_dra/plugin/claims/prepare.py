@@ -35,7 +35,7 @@ from pathlib import Path
 from thunder_dra.kube import errors as kube_errors
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
-from thunder_dra.plugin.allocation import (
+from thunder_dra.plugin.claims.allocation import (
     ClaimError,
     PoolResolver,
     ZoneIds,
@@ -43,34 +43,34 @@ from thunder_dra.plugin.allocation import (
     parse_claim,
     vm_name,
 )
-from thunder_dra.plugin.cdi import CdiSpecStore, ClaimCdiParams, NodeGpuFiles
-from thunder_dra.plugin.checkpoint import (
+from thunder_dra.plugin.claims.records import Records
+from thunder_dra.plugin.claims.rollback import Undo
+from thunder_dra.plugin.config import DaemonConfig
+from thunder_dra.plugin.files.cdi import CdiSpecStore, ClaimCdiParams, NodeGpuFiles
+from thunder_dra.plugin.files.clientconfig import (
+    ClientConfigError,
+    claim_dir,
+    client_config_from_exchange,
+    write_client_config,
+)
+from thunder_dra.plugin.files.guest import guest_install_script, guest_secret_name
+from thunder_dra.plugin.files.library import LibraryProvider
+from thunder_dra.plugin.metrics import ErrorReason
+from thunder_dra.plugin.state.checkpoint import (
     CheckpointStore,
     ClaimRef,
     ClaimState,
     Consumer,
     PreparedClaim,
 )
-from thunder_dra.plugin.clientconfig import (
-    ClientConfigError,
-    claim_dir,
-    client_config_from_exchange,
-    write_client_config,
-)
-from thunder_dra.plugin.config import DaemonConfig
-from thunder_dra.plugin.crashpoints import CrashPoints
-from thunder_dra.plugin.guest import guest_install_script, guest_secret_name
-from thunder_dra.plugin.journal import (
+from thunder_dra.plugin.state.crashpoints import CrashPoints
+from thunder_dra.plugin.state.journal import (
     JournalEntry,
     JournalEntryNotFound,
     MintJournal,
     MintPurpose,
     MintRole,
 )
-from thunder_dra.plugin.library import LibraryProvider
-from thunder_dra.plugin.metrics import ErrorReason
-from thunder_dra.plugin.records import Records
-from thunder_dra.plugin.rollback import Undo
 from thunder_dra.process.logs import SecretScrubber
 from thunder_dra.thunder import MintedToken, NotFound, ThunderClient, ThunderError
 

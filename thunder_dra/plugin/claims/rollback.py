@@ -27,17 +27,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from thunder_dra.plugin.cdi import CdiSpecStore
-from thunder_dra.plugin.checkpoint import CheckpointStore
-from thunder_dra.plugin.clientconfig import (
+from thunder_dra.plugin.claims.records import Records
+from thunder_dra.plugin.files.cdi import CdiSpecStore
+from thunder_dra.plugin.files.clientconfig import (
     ClientConfigError,
     claim_dir,
     read_client_config,
     remove_claim_dir,
 )
-from thunder_dra.plugin.journal import JournalEntry, MintJournal, MintPurpose
 from thunder_dra.plugin.metrics import DaemonMetrics
-from thunder_dra.plugin.records import Records
+from thunder_dra.plugin.state.checkpoint import CheckpointStore
+from thunder_dra.plugin.state.journal import JournalEntry, MintJournal, MintPurpose
 from thunder_dra.thunder import (
     ThunderAPIError,
     ThunderClient,

@@ -36,22 +36,31 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
+from thunder_dra.plugin.claims.rollback import NodeEnrollmentView, Undo
 from thunder_dra.plugin.config import DaemonConfig
-from thunder_dra.plugin.crashpoints import CrashPoints
-from thunder_dra.plugin.guest import HOST_INSTALL_COMMAND, host_install_env, host_restart_command
-from thunder_dra.plugin.hostrunner import HostCommandError, HostRunner
-from thunder_dra.plugin.journal import JournalEntryNotFound, MintJournal, MintPurpose, MintRole
-from thunder_dra.plugin.libcache import LibraryCacheError
-from thunder_dra.plugin.locks import NodeSerializeLock
+from thunder_dra.plugin.files.guest import (
+    HOST_INSTALL_COMMAND,
+    host_install_env,
+    host_restart_command,
+)
+from thunder_dra.plugin.files.libcache import LibraryCacheError
 from thunder_dra.plugin.metrics import DaemonMetrics, EnrollmentState
-from thunder_dra.plugin.node import NodeInfo
-from thunder_dra.plugin.rollback import NodeEnrollmentView, Undo
-from thunder_dra.plugin.thunderd import (
+from thunder_dra.plugin.node.facts import NodeInfo
+from thunder_dra.plugin.node.hostrunner import HostCommandError, HostRunner
+from thunder_dra.plugin.node.thunderd import (
     NodeEnrollmentFile,
     NodeEnrollmentState,
     ThunderdStatus,
     read_status,
 )
+from thunder_dra.plugin.state.crashpoints import CrashPoints
+from thunder_dra.plugin.state.journal import (
+    JournalEntryNotFound,
+    MintJournal,
+    MintPurpose,
+    MintRole,
+)
+from thunder_dra.plugin.state.locks import NodeSerializeLock
 from thunder_dra.process.logs import SecretScrubber
 from thunder_dra.thunder import InstallerPins, Secret, ThunderClient, ThunderError, scrub
 

@@ -28,14 +28,14 @@ from opentelemetry.trace import Status, StatusCode, Tracer
 from prometheus_client import CollectorRegistry, Gauge
 
 from thunder_dra.kube.errors import KubeError
-from thunder_dra.plugin.allocation import ClaimError
-from thunder_dra.plugin.checkpoint import CheckpointStore, ClaimRef, ClaimState, PreparedClaim
-from thunder_dra.plugin.locks import KeyedLocks, NodeSerializeLock
+from thunder_dra.plugin.claims.allocation import ClaimError
+from thunder_dra.plugin.claims.prepare import Preparer
+from thunder_dra.plugin.claims.records import Records
+from thunder_dra.plugin.claims.repair import Repairer
+from thunder_dra.plugin.claims.unprepare import Unpreparer
 from thunder_dra.plugin.metrics import DaemonMetrics, ErrorReason
-from thunder_dra.plugin.prepare import Preparer
-from thunder_dra.plugin.records import Records
-from thunder_dra.plugin.repair import Repairer
-from thunder_dra.plugin.unprepare import Unpreparer
+from thunder_dra.plugin.state.checkpoint import CheckpointStore, ClaimRef, ClaimState, PreparedClaim
+from thunder_dra.plugin.state.locks import KeyedLocks, NodeSerializeLock
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -97,7 +97,7 @@ def _classify(err: Exception) -> tuple[str, ErrorReason]:
 
 
 class ClaimService:
-    """Implements :class:`thunder_dra.plugin.service.ClaimHandler`."""
+    """Implements :class:`thunder_dra.plugin.kubelet.service.ClaimHandler`."""
 
     def __init__(
         self,

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from thunder_dra.plugin.allocation import ClaimError
-from thunder_dra.plugin.libcache import (
+from thunder_dra.plugin.claims.allocation import ClaimError
+from thunder_dra.plugin.files.libcache import (
     DigestMismatchError,
     LibraryCacheError,
     LibthunderCache,

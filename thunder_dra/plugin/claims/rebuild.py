@@ -38,15 +38,15 @@ from pathlib import Path
 from thunder_dra.api import Client, ConsumerKind
 from thunder_dra.kube import naming
 from thunder_dra.kube.errors import KubeError, NotFound
-from thunder_dra.plugin.allocation import ClaimError, parse_claim
-from thunder_dra.plugin.cdi import LIBTHUNDER_CONTAINER_PATH
-from thunder_dra.plugin.checkpoint import CheckpointStore, PreparedClaim
-from thunder_dra.plugin.clientconfig import CONFIG_FILE_NAME, claim_dir
-from thunder_dra.plugin.journal import MintJournal
-from thunder_dra.plugin.locks import KeyedLocks
-from thunder_dra.plugin.prepare import PrepareDeps
-from thunder_dra.plugin.records import claim_from_client, parse_client
-from thunder_dra.plugin.unprepare import Unpreparer
+from thunder_dra.plugin.claims.allocation import ClaimError, parse_claim
+from thunder_dra.plugin.claims.prepare import PrepareDeps
+from thunder_dra.plugin.claims.records import claim_from_client, parse_client
+from thunder_dra.plugin.claims.unprepare import Unpreparer
+from thunder_dra.plugin.files.cdi import LIBTHUNDER_CONTAINER_PATH
+from thunder_dra.plugin.files.clientconfig import CONFIG_FILE_NAME, claim_dir
+from thunder_dra.plugin.state.checkpoint import CheckpointStore, PreparedClaim
+from thunder_dra.plugin.state.journal import MintJournal
+from thunder_dra.plugin.state.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
 

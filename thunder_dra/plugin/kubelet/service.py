@@ -23,7 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 
-from thunder_dra.plugin.checkpoint import ClaimRef, PreparedClaim
+from thunder_dra.plugin.state.checkpoint import ClaimRef, PreparedClaim
 from thunder_dra.proto_gen import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,

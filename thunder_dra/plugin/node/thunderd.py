@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 from thunder_dra import fsutil
-from thunder_dra.plugin.hostrunner import CommandResult, HostCommandError, HostRunner
+from thunder_dra.plugin.node.hostrunner import CommandResult, HostCommandError, HostRunner
 
 STATUS_COMMAND = ("thunder", "status", "--json")
 TRANSITIONAL = frozenset({"activating", "deactivating", "reloading"})

@@ -21,11 +21,11 @@ from __future__ import annotations
 import logging
 
 from thunder_dra.kube.errors import KubeError
-from thunder_dra.plugin.allocation import ClaimError, parse_claim
-from thunder_dra.plugin.checkpoint import PreparedClaim
-from thunder_dra.plugin.clientconfig import CONFIG_FILE_NAME, claim_dir
+from thunder_dra.plugin.claims.allocation import ClaimError, parse_claim
+from thunder_dra.plugin.claims.prepare import Preparer
+from thunder_dra.plugin.files.clientconfig import CONFIG_FILE_NAME, claim_dir
 from thunder_dra.plugin.metrics import ErrorReason
-from thunder_dra.plugin.prepare import Preparer
+from thunder_dra.plugin.state.checkpoint import PreparedClaim
 from thunder_dra.thunder import ThunderError
 
 log = logging.getLogger(__name__)

@@ -32,9 +32,9 @@ from typing import Any, Generic, TypeVar
 from thunder_dra.kube import naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
-from thunder_dra.plugin.cdi import qualified_device_id
-from thunder_dra.plugin.checkpoint import PreparedDevice
+from thunder_dra.plugin.files.cdi import qualified_device_id
 from thunder_dra.plugin.metrics import ErrorReason
+from thunder_dra.plugin.state.checkpoint import PreparedDevice
 from thunder_dra.thunder import ThunderClient, ThunderError
 
 ZONE_ID_TTL = 30.0

@@ -48,8 +48,8 @@ from thunder_dra.kube.admissionpolicy import ANNOTATION_NODE_NAME, LABEL_CLAIM_U
 from thunder_dra.kube.client import JSON, KubeClient
 from thunder_dra.kube.errors import Conflict, Forbidden, Invalid, KubeError, NotFound
 from thunder_dra.kube.resources import CLIENTS, SECRETS
-from thunder_dra.plugin.checkpoint import ClaimState, Consumer, PreparedClaim, PreparedDevice
-from thunder_dra.plugin.guest import GUEST_SCRIPT_KEY, GUEST_TOKEN_KEY, guest_secret_name
+from thunder_dra.plugin.files.guest import GUEST_SCRIPT_KEY, GUEST_TOKEN_KEY, guest_secret_name
+from thunder_dra.plugin.state.checkpoint import ClaimState, Consumer, PreparedClaim, PreparedDevice
 from thunder_dra.thunder import Secret
 
 ANNOTATION_TOKEN_ID = f"{DOMAIN}/enrollment-token-id"

@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 
 from thunder_dra.api import ConsumerKind
-from thunder_dra.plugin.allocation import ClaimError
-from thunder_dra.plugin.checkpoint import CheckpointStore, ClaimRef, ClaimState, PreparedClaim
-from thunder_dra.plugin.crashpoints import CrashPoints
+from thunder_dra.plugin.claims.allocation import ClaimError
+from thunder_dra.plugin.claims.records import Records
+from thunder_dra.plugin.claims.rollback import Undo
 from thunder_dra.plugin.metrics import ErrorReason
-from thunder_dra.plugin.records import Records
-from thunder_dra.plugin.rollback import Undo
+from thunder_dra.plugin.state.checkpoint import CheckpointStore, ClaimRef, ClaimState, PreparedClaim
+from thunder_dra.plugin.state.crashpoints import CrashPoints
 from thunder_dra.thunder import ThunderError
 
 log = logging.getLogger(__name__)

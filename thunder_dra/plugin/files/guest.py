@@ -14,7 +14,7 @@ and neither uses ``sudo`` (thunder-api.md 3.2, 3.4):
   checks its SHA-256 when the deployment pins one, and runs it with ``sh``.
 
 These functions only build text, argv and environments;
-:mod:`thunder_dra.plugin.hostrunner` runs them.
+:mod:`thunder_dra.plugin.node.hostrunner` runs them.
 """
 
 from __future__ import annotations

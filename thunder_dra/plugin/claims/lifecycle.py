@@ -16,22 +16,22 @@ from opentelemetry.trace import Tracer
 
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.provenance import ProvenanceKey
-from thunder_dra.plugin.allocation import PoolResolver, ZoneIds
-from thunder_dra.plugin.cdi import CdiSpecStore
-from thunder_dra.plugin.checkpoint import CheckpointStore, CheckpointWriter, write_file
+from thunder_dra.plugin.claims.allocation import PoolResolver, ZoneIds
+from thunder_dra.plugin.claims.prepare import PrepareDeps, Preparer
+from thunder_dra.plugin.claims.records import Records
+from thunder_dra.plugin.claims.recovery import InstanceJournal, Recovery
+from thunder_dra.plugin.claims.repair import Repairer
+from thunder_dra.plugin.claims.rollback import Undo
+from thunder_dra.plugin.claims.unprepare import Unpreparer
 from thunder_dra.plugin.config import DaemonConfig
-from thunder_dra.plugin.crashpoints import CrashPoints
-from thunder_dra.plugin.handler import ClaimService, ClaimSlots
-from thunder_dra.plugin.libcache import LibthunderCache
-from thunder_dra.plugin.library import LibraryProvider
-from thunder_dra.plugin.locks import KeyedLocks, NodeSerializeLock
+from thunder_dra.plugin.files.cdi import CdiSpecStore
+from thunder_dra.plugin.files.libcache import LibthunderCache
+from thunder_dra.plugin.files.library import LibraryProvider
+from thunder_dra.plugin.kubelet.handler import ClaimService, ClaimSlots
 from thunder_dra.plugin.metrics import DaemonMetrics
-from thunder_dra.plugin.prepare import PrepareDeps, Preparer
-from thunder_dra.plugin.records import Records
-from thunder_dra.plugin.recovery import InstanceJournal, Recovery
-from thunder_dra.plugin.repair import Repairer
-from thunder_dra.plugin.rollback import Undo
-from thunder_dra.plugin.unprepare import Unpreparer
+from thunder_dra.plugin.state.checkpoint import CheckpointStore, CheckpointWriter, write_file
+from thunder_dra.plugin.state.crashpoints import CrashPoints
+from thunder_dra.plugin.state.locks import KeyedLocks, NodeSerializeLock
 from thunder_dra.process.logs import SecretScrubber
 from thunder_dra.thunder import ArtifactFetcher, ThunderClient
 

@@ -42,17 +42,17 @@ from typing import Any
 
 from thunder_dra import fsutil
 from thunder_dra.kube.errors import KubeError
-from thunder_dra.plugin.allocation import ClaimError
-from thunder_dra.plugin.checkpoint import CheckpointStore, ClaimState
-from thunder_dra.plugin.journal import JournalCorruptError, JournalEntry, MintJournal
-from thunder_dra.plugin.libcache import LibthunderCache
-from thunder_dra.plugin.locks import InstanceLock, KeyedLocks, NodeSerializeLock
+from thunder_dra.plugin.claims.allocation import ClaimError
+from thunder_dra.plugin.claims.prepare import Preparer
+from thunder_dra.plugin.claims.rebuild import Rebuilder
+from thunder_dra.plugin.claims.repair import Repairer
+from thunder_dra.plugin.claims.rollback import Undo
+from thunder_dra.plugin.claims.unprepare import Unpreparer
+from thunder_dra.plugin.files.libcache import LibthunderCache
 from thunder_dra.plugin.metrics import ErrorReason
-from thunder_dra.plugin.prepare import Preparer
-from thunder_dra.plugin.rebuild import Rebuilder
-from thunder_dra.plugin.repair import Repairer
-from thunder_dra.plugin.rollback import Undo
-from thunder_dra.plugin.unprepare import Unpreparer
+from thunder_dra.plugin.state.checkpoint import CheckpointStore, ClaimState
+from thunder_dra.plugin.state.journal import JournalCorruptError, JournalEntry, MintJournal
+from thunder_dra.plugin.state.locks import InstanceLock, KeyedLocks, NodeSerializeLock
 from thunder_dra.thunder import ThunderError
 
 INSTANCE_LOCK = ".instance.lock"
