@@ -1,6 +1,7 @@
 # Checks that a chart's values.schema.json catches misspelled values: for every
-# object the schema closes (additionalProperties: false), `helm template` with one
-# misspelled key set must fail and name that key. Also checks the schema is
+# object the schema closes (additionalProperties: false), `helm template` with a
+# misspelled key set must fail and name that key at that object (all probed in one
+# render, any not named there again on its own). Also checks the schema is
 # self-contained (no remote $ref, which Helm would fetch over the network).
 #
 #   .venv/bin/python -m hack.helm_schema [--chart charts/thunder-device-plugin]   # make helm-schema
@@ -55,21 +56,33 @@ def misspell(key: str) -> str:
     return key[0] + key[2] + key[1] + key[3:] if key[1] != key[2] else key + "x"
 
 
+def _template(helm: str, chart: Path, keys: list[str]) -> subprocess.CompletedProcess[str]:
+    sets = [arg for key in keys for arg in ("--set", f"{key}=1")]
+    return subprocess.run(
+        [helm, "template", "probe", str(chart), *sets], check=False, capture_output=True, text=True
+    )
+
+
 def check_chart(chart: Path) -> list[str]:
     schema = json.loads((chart / "values.schema.json").read_text())
     problems = [f"{chart.name}: remote $ref {ref}" for ref in remote_refs(schema)]
     helm = str(binaries() / "helm")
+    probes = []
     for path, known in closed_objects(schema):
         probe = misspell(known[0]) if known else "unknownKey"
         while probe in known:
             probe += "x"
-        key = ".".join((*path, probe))
-        done = subprocess.run(
-            [helm, "template", "probe", str(chart), "--set", f"{key}=1"],
-            check=False,
-            capture_output=True,
-            text=True,
-        )
+        probes.append((path, probe, ".".join((*path, probe))))
+    # All probes in one render first: Helm lists every schema violation, each as
+    # "at '<JSON pointer>': additional properties '<key>' not allowed". A probe whose own
+    # line is there is refused at its own object; any other is tried on its own, as one
+    # render per probe would.
+    together = _template(helm, chart, [key for _, _, key in probes])
+    for path, probe, key in probes:
+        pointer = "".join(f"/{part}" for part in path)
+        if f"at '{pointer}': additional properties '{probe}' not allowed" in together.stderr:
+            continue
+        done = _template(helm, chart, [key])
         if done.returncode == 0:
             problems.append(f"{chart.name}: --set {key}=1 was accepted")
         elif probe not in done.stderr:

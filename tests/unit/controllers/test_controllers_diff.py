@@ -45,7 +45,12 @@ class FakeApiServer:
         self._versions = itertools.count(100)
 
     def list(self, kind: str) -> list[dict[str, Any]]:
-        return [copy.deepcopy(o) for (k, _), o in sorted(self.objects.items()) if k == kind]
+        """Fresh copies, as a server hands them out. The stored objects are plain JSON, so
+        a JSON round trip copies them exactly, in a fraction of deepcopy's time (which
+        was most of the property test's)."""
+        return [
+            json.loads(json.dumps(o)) for (k, _), o in sorted(self.objects.items()) if k == kind
+        ]
 
     def _store(self, kind: str, body: dict[str, Any], uid: str) -> None:
         obj = json.loads(json.dumps(body))
