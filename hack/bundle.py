@@ -111,7 +111,9 @@ def kustomize(directory: Path) -> list[dict[str, Any]]:
     out = subprocess.run(
         [kubectl(), "kustomize", str(directory)], check=True, capture_output=True, text=True
     ).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
+    # libyaml when PyYAML has it: the same documents in a tenth of the time.
+    loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return [doc for doc in yaml.load_all(out, Loader=loader) if doc]
 
 
 def internal_samples() -> list[dict[str, Any]]:
