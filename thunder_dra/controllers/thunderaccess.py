@@ -4,7 +4,9 @@ The token is read from the Secret named by the ThunderCluster on every pass (so 
 rotated token is picked up without a restart), held as a `Secret` (it prints as a
 mask) and never logged, put in status or in events; while a client holds it, the log
 scrubber masks it in every record too. One `ThunderClient` is kept while the API URL
-and token stay the same, so its connections are reused between passes.
+and token stay the same, so its connections are reused between passes; it sends over
+aiohttp (`AiohttpTransport`), whose per-request cost is a fraction of httpx's own
+transport's at an inventory pass's 1,500 requests.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from thunder_dra.kube.errors import KubeError
 from thunder_dra.kube.resources import SECRETS
 from thunder_dra.process import logs
 from thunder_dra.thunder import RetryPolicy, Secret, ThunderClient
+from thunder_dra.thunder.aiotransport import AiohttpTransport
 
 TOKEN_KEY: Final = "THUNDER_API_TOKEN"
 # Inventory reads retry briefly: a pass that cannot read Thunder keeps everything
 # published and the next pass tries again, so waiting long inside one pass buys nothing.
 OPERATOR_RETRY: Final = RetryPolicy(max_attempts=4, initial_backoff=0.5, max_backoff=4.0, budget=30)
+POOL_SIZE: Final = 64
+"""Connections to Thunder at most: the highest spec.operator.inventoryConcurrency."""
 
 
 class TokenUnavailable(Exception):
@@ -91,6 +96,7 @@ class ThunderClients:
             base_url=api_url,
             retry=self._retry,
             registry=self._registry,
+            transport=AiohttpTransport(pool_size=POOL_SIZE),
         )
         self._cached = _Cached(key, client, logs.SECRETS.add(token))
         return client
