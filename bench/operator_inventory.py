@@ -40,6 +40,7 @@ from hack.testbed.operator import (
     OPERATOR_AGENT,
     OperatorProcess,
     StandaloneOperator,
+    metric_sum,
     standalone_operator,
 )
 
@@ -114,6 +115,15 @@ def operator_writes(cluster: Cluster, since: int) -> tuple[int, dict[str, int], 
     return sum(by_resource.values()), by_resource, len(events)
 
 
+def _counters(operator: OperatorProcess) -> tuple[float, float]:
+    """Inventory pass seconds and Thunder requests so far, from one `/metrics` read."""
+    text = operator.metrics_text()
+    return (
+        metric_sum(text, "thunder_dra_operator_reconcile_duration_seconds_sum", kind="inventory"),
+        metric_sum(text, "thunder_dra_thunder_api_requests_total"),
+    )
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
         self.args = args
@@ -132,27 +142,20 @@ class Bench:
         operator: OperatorProcess, cluster: Cluster, mark: int, base: tuple[float, float, float]
     ) -> PassFigures:
         """The figures since `base` (inventory seconds, Thunder requests, CPU seconds)."""
+        cpu = operator.cpu_seconds()
+        seconds, requests = _counters(operator)
         writes, by_resource, _ = operator_writes(cluster, mark)
         return PassFigures(
-            seconds=operator.metric(
-                "thunder_dra_operator_reconcile_duration_seconds_sum", kind="inventory"
-            )
-            - base[0],
-            thunder_requests=operator.metric("thunder_dra_thunder_api_requests_total") - base[1],
+            seconds=seconds - base[0],
+            thunder_requests=requests - base[1],
             kubernetes_writes=writes,
             writes_by_resource=by_resource,
-            cpu_seconds=operator.cpu_seconds() - base[2],
+            cpu_seconds=cpu - base[2],
         )
 
     def _pass(self, world: StandaloneOperator) -> PassFigures:
         operator = world.operator
-        base = (
-            operator.metric(
-                "thunder_dra_operator_reconcile_duration_seconds_sum", kind="inventory"
-            ),
-            operator.metric("thunder_dra_thunder_api_requests_total"),
-            operator.cpu_seconds(),
-        )
+        base = (*_counters(operator), operator.cpu_seconds())
         done = operator.passes_logged()
         _, _, mark = operator_writes(world.cluster, 0)
         world.request_pass()
@@ -177,8 +180,9 @@ class Bench:
         operator = world.operator
         first_wall, first = self._start(world, restart=False)
         assert operator.popen is not None
-        devices = operator.metric("thunder_dra_operator_pool_published_devices")
-        pools = operator.metric("thunder_dra_operator_pools")
+        text = operator.metrics_text()
+        devices = metric_sum(text, "thunder_dra_operator_pool_published_devices")
+        pools = metric_sum(text, "thunder_dra_operator_pools")
         no_change = [self._pass(world) for _ in range(self.args.passes)]
         rss_first = peak_rss_mib(operator.popen.pid)
 

@@ -190,14 +190,18 @@ class OperatorProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples of `name` whose labels include `labels`."""
-        total = 0.0
-        for family in text_string_to_metric_families(self.metrics_text()):
-            for sample in family.samples:
-                if sample.name == name and all(
-                    sample.labels.get(k) == v for k, v in labels.items()
-                ):
-                    total += sample.value
-        return total
+        return metric_sum(self.metrics_text(), name, **labels)
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` in a `/metrics` text whose labels include `labels`
+    (one exposition read once serves several figures)."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
 
 
 @dataclass

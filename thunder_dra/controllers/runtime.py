@@ -79,9 +79,13 @@ class Services:
     thunder_clients: ThunderClients
 
 
-def plain(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A detached deep copy of a kopf body view."""
-    return copy.deepcopy(dict(body))
+def plain(body: Mapping[str, Any], *, with_status: bool = True) -> dict[str, Any]:
+    """A detached deep copy of a kopf body view; without its status if so asked (the
+    loop reads the stored status once, and a status listing thousands of pools is most
+    of the body)."""
+    return copy.deepcopy(
+        {key: value for key, value in body.items() if with_status or key != "status"}
+    )
 
 
 def fingerprint(body: Mapping[str, Any]) -> tuple[Any, Any]:
@@ -154,7 +158,7 @@ class ClusterLoop:
         try:
             while not is_stopped():
                 self.trigger.clear()
-                delay = await self.cycle(plain(body))
+                delay = await self.cycle(plain(body, with_status=not self._status_loaded))
                 await _wait(self.trigger, stopped, delay)
         finally:
             reaper.cancel()
