@@ -298,7 +298,7 @@ def test_the_virt_launcher_pods_claim_is_prepared_as_a_vms(install: Install) -> 
     assert data["enrollment-token"] == minted["enrollmentToken"]
     # A client token for this claim, never exchanged: the guest enrolls itself.
     assert (minted["role"], minted["gpuType"], minted["gpuCount"]) == ("client", "A6000", 1)
-    assert minted["state"] == "unspent", minted
+    assert minted["state"] == "unspent", minted["state"]
     script = data["install-thunder-client.sh"]
     assert minted["enrollmentToken"] not in script
     assert f"THUNDER_CENTRAL_URL='{install.fake.base_url}'" in script, script
@@ -326,7 +326,7 @@ def test_the_virt_launcher_pods_claim_is_prepared_as_a_vms(install: Install) -> 
     assert not client["status"].get("clientId"), client["status"]
     assert SETUP_SECRET in client["status"]["message"]
     clients = install.fake.admin.state()["clients"]
-    assert not [c for c in clients if c["enrollmentTokenId"] == token_id], clients
+    assert not [c["clientId"] for c in clients if c["enrollmentTokenId"] == token_id]
     # Until a guest spends it, the audit counts the VM's token: the check below can fail.
     assert [leak["enrollmentTokenId"] for leak in install.fake.admin.leaks()] == [token_id]
 
