@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,6 +26,7 @@ import yaml
 
 from hack import image as image_builder
 from hack.fake_host import FakeHost
+from hack.fake_host.state import THUNDER_FILE
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
 from hack.node import launcher
 from hack.node.launcher import Node
@@ -43,6 +45,10 @@ SA_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 NODE_LABELS = {"topology.kubernetes.io/zone": "zone-a", "thundercompute.com/node": "true"}
 ZONE = NODE_LABELS["topology.kubernetes.io/zone"]
 KUBECTL_VERSION = "v1.37.2"
+DAEMON_SET = "thunder-dra-daemon"
+# The kubelet's event when NodePrepareResources fails (pkg/kubelet/events), and its log line.
+FAILED_PREPARE = "FailedPrepareDynamicResources"
+FAILED_PREPARE_LOG = "Failed to prepare dynamic resources"
 T = TypeVar("T")
 
 # What a workload's own output shows of the driver's injection: the two files at their
@@ -92,6 +98,8 @@ class Install:
     images: dict[str, image_builder.BuiltImage]
     install_output: str
     workdir: Path
+    # The chart values installed (helm -f), for an upgrade that changes some of them.
+    values: dict[str, Any] = field(default_factory=dict)
 
     def helm(self, *args: str, check: bool = True, timeout: float = 300) -> str:
         done = subprocess.run(
@@ -157,6 +165,69 @@ class Install:
     def cdi_specs(self) -> list[Path]:
         return sorted(self.node.host_path("/run/cdi").glob("thundercompute.com-gpu_claim-*.json"))
 
+    def upgrade(self, changes: dict[str, Any], timeout: str = "5m") -> str:
+        """``helm upgrade --wait`` with the installed values and ``changes`` merged in."""
+        self.values = merged(self.values, changes)
+        path = self.workdir / "values.yaml"
+        path.write_text(yaml.safe_dump(self.values))
+        return self.helm(
+            "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(path),
+            "--wait", "--timeout", timeout,
+        )  # fmt: skip
+
+    def operator_pods(self) -> list[dict[str, Any]]:
+        pods = self.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator")
+        return list((pods or {}).get("items", []))
+
+    def clients(self, namespace: str) -> list[dict[str, Any]]:
+        found = self.get("clients.thundercompute.com", "-n", namespace) or {}
+        return list(found.get("items", []))
+
+    def events(self, namespace: str, reason: str) -> list[dict[str, Any]]:
+        found = self.get("events", "-n", namespace, "--field-selector", f"reason={reason}") or {}
+        return list(found.get("items", []))
+
+    def failed_prepares(self, namespace: str, since_log_line: int = 0) -> list[str]:
+        """The kubelet's FailedPrepareDynamicResources events of ``namespace``, and its
+        log lines saying a prepare failed from line ``since_log_line`` on."""
+        found = [
+            f"event {e['involvedObject'].get('name')}: {e.get('message')}"
+            for e in self.events(namespace, FAILED_PREPARE)
+        ]
+        lines = self.node.logs("kubelet").splitlines()[since_log_line:]
+        found += [ln for ln in lines if FAILED_PREPARE_LOG in ln and f'pod="{namespace}/' in ln]
+        return found
+
+
+def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` merged in, maps recursively (neither is modified)."""
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def running(install: Install, name: str, namespace: str = "default") -> dict[str, Any] | None:
+    """The pod, when its (first) container is running."""
+    pod = install.get("pod", "-n", namespace, name) or {}
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return pod if statuses and "running" in (statuses[0].get("state") or {}) else None
+
+
+def check_injected(install: Install, logs: str, gpus: int = 2) -> None:
+    """A workload's own output (``INJECTED``) shows the driver's files and no credential."""
+    assert "libthunder.so" in logs, logs
+    assert "config.json" in logs
+    assert "LD_PRELOAD=/etc/thunder/libthunder.so" in logs
+    assert "config.json keys:" in logs
+    assert "THUNDER_GPU_TYPE=A6000" in logs
+    assert f"THUNDER_GPU_COUNT={gpus}" in logs
+    leaked = [s for s in install.secrets() if s in logs]
+    assert not leaked, "a credential reached the workload's environment or output"
+
 
 def _image_values(image: image_builder.BuiltImage) -> dict[str, str]:
     repository, tag = image.ref.rsplit(":", 1)
@@ -181,13 +252,34 @@ def chart_values(fake: FakeThunderProcess, images: dict[str, image_builder.Built
     }
 
 
+def _forget_earlier_install(node: Node) -> None:
+    """A node that served an earlier install (another fake Thunder) starts over: thunderd
+    is not installed and the daemon's state directory is empty, as on a new server."""
+    (FakeHost(node.fake_host_dir).root / THUNDER_FILE).unlink(missing_ok=True)
+    state = node.host_path("/var/lib/thunder-dra")
+    if state.is_dir():
+        for entry in state.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+
+
 @contextmanager
 def installed(
-    node: Node, images: dict[str, image_builder.BuiltImage], workdir: Path
+    node: Node,
+    images: dict[str, image_builder.BuiltImage],
+    workdir: Path,
+    values: dict[str, Any] | None = None,
 ) -> Iterator[Install]:
-    """The fake Thunder and the chart, installed as the README says; removed on exit."""
+    """The fake Thunder and the chart, installed as the README says; removed on exit.
+
+    ``values`` are merged into the chart values. On a node an earlier install used, the
+    daemon pods of that install are gone first and thunderd is installed anew."""
     cluster = node.cluster
     cert = cluster.server_certs[launcher.BRIDGE_CERT]
+    _wait_no_daemon_pods(node)
+    _forget_earlier_install(node)
     FakeHost(node.fake_host_dir).set_nvidia(gpus=["NVIDIA RTX A6000"] * 4, gpu_type="A6000")
     with start_fake_thunder(
         tokens=[API_TOKEN],
@@ -196,7 +288,8 @@ def installed(
         ca_file=cluster.ca_cert,
         log_path=workdir / "fake-thunder.log",
     ) as fake:
-        node.kubectl("create", "namespace", NAMESPACE)
+        if not node.kubectl("get", "namespace", NAMESPACE, "--ignore-not-found"):
+            node.kubectl("create", "namespace", NAMESPACE)
         # The token Secret from a file (never an argument on this machine's process list).
         secret = workdir / "secret.yaml"
         secret.touch(mode=0o600)
@@ -212,11 +305,12 @@ def installed(
         )
         node.kubectl("apply", "-f", str(secret))
         node.kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
-        values = workdir / "values.yaml"
-        values.write_text(yaml.safe_dump(chart_values(fake, images)))
-        install = Install(node, fake, images, "", workdir)
+        chosen = merged(chart_values(fake, images), values or {})
+        path = workdir / "values.yaml"
+        path.write_text(yaml.safe_dump(chosen))
+        install = Install(node, fake, images, "", workdir, chosen)
         install.install_output = install.helm(
-            "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values),
+            "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(path),
             "--wait", "--timeout", "5m",
         )  # fmt: skip
         try:
@@ -225,3 +319,15 @@ def installed(
             # As the chart's notes say: the ThunderCluster first, while the operator runs.
             node.kubectl("delete", "thunderclusters", "--all", "--timeout=60s", check=False)
             install.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", check=False)
+            _wait_no_daemon_pods(node)
+
+
+def _wait_no_daemon_pods(node: Node) -> None:
+    def none_left() -> bool:
+        out = node.kubectl(
+            "get", "pods", "-A", "-l", "app.kubernetes.io/component=daemon", "-o", "name",
+            check=False,
+        )  # fmt: skip
+        return not out.strip()
+
+    wait(none_left, "the daemon pods of the uninstalled release gone", timeout=120)

@@ -607,6 +607,15 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
             argv += ["--base-name", base_name]
         _run([*argv, str(archive)], timeout=600)
 
+    def tag_image(self, ref: str, new_ref: str) -> None:
+        """Give an imported image a second name (e.g. a new tag of the same image)."""
+        _run([*self.ctr(), "images", "tag", "--force", ref, new_ref])
+
+    def kill_container(self, container_id: str, signum: str = "SIGKILL") -> None:
+        """Signal a container's main process (a CRI ID, ``containerd://`` prefix or not)."""
+        cid = container_id.removeprefix("containerd://")
+        _run([*self.ctr(), "tasks", "kill", "--signal", signum, cid])
+
     def _import_images(self) -> None:
         self.import_image(self.tools.pause, base_name=self.tools.pause_ref.rsplit(":", 1)[0])
         for archive in self.config.images:

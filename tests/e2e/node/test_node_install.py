@@ -42,6 +42,8 @@ from hack.node.chart import (
     installed,
     wait,
 )
+from hack.node.chart import check_injected as _check_injected
+from hack.node.chart import running as _running
 from hack.node.launcher import Node
 from tests.e2e.node.conftest import pod_logs, run_pod, stock_pod
 
@@ -136,17 +138,6 @@ def test_helm_test_passes_as_a_pod_on_the_node(install: Install) -> None:
     assert "thunder-gpu-a6000\tthundercompute.com/gpu-a6000" in logs, logs
 
 
-def _check_injected(install: Install, logs: str) -> None:
-    assert "libthunder.so" in logs, logs
-    assert "config.json" in logs
-    assert "LD_PRELOAD=/etc/thunder/libthunder.so" in logs
-    assert "config.json keys:" in logs
-    assert "THUNDER_GPU_TYPE=A6000" in logs
-    assert "THUNDER_GPU_COUNT=2" in logs
-    leaked = [s for s in install.secrets() if s in logs]
-    assert not leaked, "a credential reached the workload's environment or output"
-
-
 def _stock(install: Install, name: str, **spec: Any) -> dict[str, Any]:
     return stock_pod(name, install.images["stock"].ref, INJECTED, **spec)
 
@@ -231,12 +222,6 @@ def test_the_pod_test_chart_installs_and_its_pod_runs(install: Install) -> None:
     _check_injected(install, pod_logs(install.node, "gpu-gpu", "chart-pod"))
     install.helm("uninstall", "gpu", "-n", "chart-pod", "--wait")
     install.wait_claims_gone("chart-pod")
-
-
-def _running(install: Install, name: str) -> dict[str, Any] | None:
-    pod = install.get("pod", "-n", "default", name) or {}
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    return pod if statuses and "running" in (statuses[0].get("state") or {}) else None
 
 
 def test_after_a_runtime_restart_with_empty_cdi_dirs_claims_get_their_specs_back(
