@@ -73,37 +73,42 @@ TARGETS: st.SearchStrategy[Any] = st.one_of(
 )
 
 
+# Built once: a strategy made inside `zones` would be built, validated and labelled again
+# by hypothesis in every draw, which took most of the property tests' time.
+HOSTS = st.lists(
+    st.builds(
+        HostInventory,
+        gpu_type=MODELS,
+        gpu_count=COUNTS,
+        status=st.sampled_from(["", "active", "offline"]),
+        cordoned=st.booleans(),
+    ),
+    max_size=4,
+)
+CLIENTS = st.lists(
+    st.builds(
+        ClientInventory,
+        gpu_type=st.one_of(st.none(), MODELS),
+        gpu_count=st.one_of(st.none(), COUNTS),
+        decommissioned=st.booleans(),
+    ),
+    max_size=3,
+)
+PER_MODEL_TARGETS = st.dictionaries(MODELS, TARGETS, max_size=2)
+READ_FAILED = st.sampled_from([False, False, False, True])
+ZONE_COUNT = st.integers(min_value=0, max_value=5)
+
+
 @st.composite
 def zones(draw: st.DrawFn) -> list[ZoneInventory]:
     result = []
-    for index in range(draw(st.integers(min_value=0, max_value=5))):
-        hosts = draw(
-            st.lists(
-                st.builds(
-                    HostInventory,
-                    gpu_type=MODELS,
-                    gpu_count=COUNTS,
-                    status=st.sampled_from(["", "active", "offline"]),
-                    cordoned=st.booleans(),
-                ),
-                max_size=4,
-            )
-        )
-        clients = draw(
-            st.lists(
-                st.builds(
-                    ClientInventory,
-                    gpu_type=st.one_of(st.none(), MODELS),
-                    gpu_count=st.one_of(st.none(), COUNTS),
-                    decommissioned=st.booleans(),
-                ),
-                max_size=3,
-            )
-        )
+    for index in range(draw(ZONE_COUNT)):
+        hosts = draw(HOSTS)
+        clients = draw(CLIENTS)
         targets = OversubscriptionTargets(
-            per_model=draw(st.dictionaries(MODELS, TARGETS, max_size=2)),
+            per_model=draw(PER_MODEL_TARGETS),
             default=draw(TARGETS),
-            read_failed=draw(st.sampled_from([False, False, False, True])),
+            read_failed=draw(READ_FAILED),
         )
         result.append(
             ZoneInventory(f"zone-{index}", draw(ZONE_NAMES), tuple(hosts), tuple(clients), targets)
