@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.runc import build_cdi_check, run_with_cdi, runc_unavailable
 from thunder_dra.plugin.files import cdi
+from thunder_dra.plugin.state.checkpoint import Consumer, PreparedClaim
 
 UID = "0d6f5a52-7a4e-4d0b-9a55-3c1f6c1e9e01"
 CONFIG = {"deviceId": "client-9", "clientId": "client-9", "gpuType": "A6000", "gpuCount": 2}
@@ -23,7 +24,7 @@ CONFIG = {"deviceId": "client-9", "clientId": "client-9", "gpuType": "A6000", "g
 pytestmark = pytest.mark.skipif(runc_unavailable() is not None, reason=str(runc_unavailable()))
 
 
-def _host_files(root: Path) -> cdi.ClaimCdiParams:
+def _host_files(root: Path) -> tuple[PreparedClaim, Path, Path, cdi.NodeGpuFiles]:
     claim_dir = root / "claims" / UID
     claim_dir.mkdir(parents=True)
     config_json = claim_dir / "config.json"
@@ -38,26 +39,29 @@ def _host_files(root: Path) -> cdi.ClaimCdiParams:
     smi.chmod(0o755)
     (driver / "libcuda.so.1").write_bytes(b"cuda")
     (driver / "libnvidia-ml.so.1").write_bytes(b"nvml")
-    return cdi.ClaimCdiParams(
-        claim_uid=UID,
+    claim = PreparedClaim(
+        uid=UID,
         namespace="team-a",
         name="thunder-pod-gpu",
+        consumer=Consumer(kind="pod", name="thunder-pod"),
+        zone_name="us-east",
+        zone_id="zone-1",
         gpu_type="A6000",
         gpu_count=2,
-        config_json=config_json,
-        libthunder=lib,
-        node_gpu_files=cdi.NodeGpuFiles(
-            nvidia_smi=smi,
-            libcuda=driver / "libcuda.so.1",
-            libnvidia_ml=driver / "libnvidia-ml.so.1",
-        ),
     )
+    node_files = cdi.NodeGpuFiles(
+        nvidia_smi=smi,
+        libcuda=driver / "libcuda.so.1",
+        libnvidia_ml=driver / "libnvidia-ml.so.1",
+    )
+    return claim, config_json, lib, node_files
 
 
 def test_busybox_sees_library_config_tools_and_environment(tmp_path: Path) -> None:
     spec_dir = tmp_path / "cdi"
-    params = _host_files(tmp_path)
-    asyncio.run(cdi.CdiSpecStore(spec_dir).write_claim(params))
+    claim, config_json, lib, node_files = _host_files(tmp_path)
+    store = cdi.CdiSpecStore(spec_dir, node_gpu_files=lambda: node_files)
+    asyncio.run(store.write_claim(claim, config_json=config_json, libthunder=lib))
     script = (
         "cat /etc/thunder/config.json; echo; env; "
         "ls /etc/thunder/libthunder.so /usr/lib/libcuda.so.1 /usr/lib64/libnvidia-ml.so.1; "

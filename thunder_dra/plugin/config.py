@@ -18,6 +18,7 @@ from pathlib import Path
 from thunder_dra.api.syntax import url_problem
 from thunder_dra.kube import naming
 from thunder_dra.plugin.files.cdi import NodeGpuFiles
+from thunder_dra.plugin.files.layout import ClaimLayout
 from thunder_dra.thunder import DEFAULT_API_URL, DEFAULT_ARTIFACT_BASE_URL, Secret
 
 DEFAULT_TELEMETRY_URL = "https://telemetry.thundercompute.com:2096"
@@ -111,6 +112,28 @@ class DaemonConfig:
     def claims_dir(self) -> Path:
         """``<state>/claims/<claim uid>/config.json``."""
         return self.state_dir / "claims"
+
+    @property
+    def claim_layout(self) -> ClaimLayout:
+        """Where each pod claim's files go (its directory, ``config.json``, CDI spec)."""
+        return ClaimLayout(claims_dir=self.claims_dir, cdi_dir=self.cdi_dir)
+
+    def present_gpu_files(self) -> NodeGpuFiles:
+        """The configured node GPU files that exist on the host now (a missing bind
+        source would make the runtime fail the container)."""
+        files = self.node_gpu_files
+
+        def present(path: Path | None) -> Path | None:
+            if path is None:
+                return None
+            seen = self.host_root / path.relative_to("/")
+            return path if seen.exists() else None
+
+        return NodeGpuFiles(
+            nvidia_smi=present(files.nvidia_smi),
+            libcuda=present(files.libcuda),
+            libnvidia_ml=present(files.libnvidia_ml),
+        )
 
     @property
     def library_cache_dir(self) -> Path:

@@ -21,6 +21,7 @@ import pytest
 
 from tests.support.runc import build_cdi_check
 from thunder_dra.plugin.files import cdi, clientconfig, libcache
+from thunder_dra.plugin.state.checkpoint import Consumer, PreparedClaim
 
 ROOT = Path(__file__).resolve().parents[3]
 UID = "8b1f2e3d-4c5b-4a69-8788-99aabbccddee"
@@ -93,7 +94,29 @@ def _check(binary: Path, spec_dir: Path, oci: Path, *ids: str) -> subprocess.Com
     )
 
 
-async def _write_claim(tmp_path: Path, spec_dir: Path) -> cdi.ClaimCdiParams:
+@dataclass(frozen=True)
+class WrittenClaim:
+    """The host files a claim's spec mounts."""
+
+    config_json: Path
+    libthunder: Path
+    node_gpu_files: cdi.NodeGpuFiles
+
+
+def _claim() -> PreparedClaim:
+    return PreparedClaim(
+        uid=UID,
+        namespace="team-a",
+        name="train-gpu",
+        consumer=Consumer(kind="pod", name="train-pod"),
+        zone_name="us-east",
+        zone_id="zone-1",
+        gpu_type="A6000",
+        gpu_count=2,
+    )
+
+
+async def _write_claim(tmp_path: Path, spec_dir: Path) -> WrittenClaim:
     config = clientconfig.client_config_from_exchange(
         _exchange(), central_api_url="https://api.example"
     )
@@ -111,12 +134,7 @@ async def _write_claim(tmp_path: Path, spec_dir: Path) -> cdi.ClaimCdiParams:
     node.mkdir()
     for name in ("nvidia-smi", "libcuda.so.1", "libnvidia-ml.so.1"):
         (node / name).write_bytes(b"stand-in")
-    params = cdi.ClaimCdiParams(
-        claim_uid=UID,
-        namespace="team-a",
-        name="train-gpu",
-        gpu_type="A6000",
-        gpu_count=2,
+    written = WrittenClaim(
         config_json=config_path,
         libthunder=library,
         node_gpu_files=cdi.NodeGpuFiles(
@@ -125,15 +143,18 @@ async def _write_claim(tmp_path: Path, spec_dir: Path) -> cdi.ClaimCdiParams:
             libnvidia_ml=node / "libnvidia-ml.so.1",
         ),
     )
-    await cdi.CdiSpecStore(spec_dir).write_claim(params)
-    return params
+    store = cdi.CdiSpecStore(spec_dir, node_gpu_files=lambda: written.node_gpu_files)
+    await store.write_claim(
+        _claim(), config_json=written.config_json, libthunder=written.libthunder
+    )
+    return written
 
 
 async def test_our_spec_loads_and_injects_env_and_read_only_mounts(
     cdi_check: Path, tmp_path: Path
 ) -> None:
     spec_dir = tmp_path / "cdi"
-    params = await _write_claim(tmp_path, spec_dir)
+    written = await _write_claim(tmp_path, spec_dir)
     result = _check(
         cdi_check, spec_dir, _oci_spec(tmp_path / "config.json"), cdi.qualified_device_id(UID)
     )
@@ -156,13 +177,13 @@ async def test_our_spec_loads_and_injects_env_and_read_only_mounts(
 
     mounts = {m["destination"]: m for m in oci["mounts"]}
     expected_sources = {
-        "/etc/thunder/config.json": str(params.config_json),
-        "/etc/thunder/libthunder.so": str(params.libthunder),
-        "/usr/local/bin/nvidia-smi": str(params.node_gpu_files.nvidia_smi),
-        "/usr/lib/libcuda.so.1": str(params.node_gpu_files.libcuda),
-        "/usr/lib64/libcuda.so.1": str(params.node_gpu_files.libcuda),
-        "/usr/lib/libnvidia-ml.so.1": str(params.node_gpu_files.libnvidia_ml),
-        "/usr/lib64/libnvidia-ml.so.1": str(params.node_gpu_files.libnvidia_ml),
+        "/etc/thunder/config.json": str(written.config_json),
+        "/etc/thunder/libthunder.so": str(written.libthunder),
+        "/usr/local/bin/nvidia-smi": str(written.node_gpu_files.nvidia_smi),
+        "/usr/lib/libcuda.so.1": str(written.node_gpu_files.libcuda),
+        "/usr/lib64/libcuda.so.1": str(written.node_gpu_files.libcuda),
+        "/usr/lib/libnvidia-ml.so.1": str(written.node_gpu_files.libnvidia_ml),
+        "/usr/lib64/libnvidia-ml.so.1": str(written.node_gpu_files.libnvidia_ml),
     }
     assert set(mounts) == {"/proc", *expected_sources}
     for destination, source in expected_sources.items():

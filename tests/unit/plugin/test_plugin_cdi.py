@@ -12,23 +12,38 @@ import pytest
 from pydantic import ValidationError
 
 from thunder_dra.plugin.files import cdi, clientconfig
+from thunder_dra.plugin.state.checkpoint import PreparedClaim
 
 UID = "5d0c8f6e-3a1b-4c2d-9e8f-0a1b2c3d4e5f"
 AUTH_TOKEN = "tcat_live_auth_9f8e7d6c5b4a"
 
 
-def _params(tmp_path: Path, **overrides: object) -> cdi.ClaimCdiParams:
+def _claim(**overrides: object) -> PreparedClaim:
     values: dict[str, object] = {
-        "claim_uid": UID,
+        "uid": UID,
         "namespace": "team-a",
         "name": "train-gpu",
+        "consumer": {"kind": "pod", "name": "train-pod"},
+        "zone_name": "us-east",
+        "zone_id": "zone-1",
         "gpu_type": "A6000",
         "gpu_count": 2,
-        "config_json": tmp_path / "claims" / UID / "config.json",
-        "libthunder": tmp_path / "cache" / "sha256" / ("a" * 64) / "libthunder.so",
     }
     values.update(overrides)
-    return cdi.ClaimCdiParams(**values)  # type: ignore[arg-type]
+    return PreparedClaim.model_validate(values)
+
+
+def _files(tmp_path: Path, uid: str = UID) -> dict[str, Any]:
+    """The claim's config.json and the cached library, as build_claim_spec takes them."""
+    return {
+        "config_json": tmp_path / "claims" / uid / "config.json",
+        "libthunder": tmp_path / "cache" / "sha256" / ("a" * 64) / "libthunder.so",
+    }
+
+
+def _spec(tmp_path: Path, claim: PreparedClaim | None = None, **options: Any) -> cdi.CdiSpec:
+    claim = claim or _claim()
+    return cdi.build_claim_spec(claim, **{**_files(tmp_path, claim.uid), **options})
 
 
 def _mounts(spec: cdi.CdiSpec) -> dict[str, cdi.CdiMount]:
@@ -36,8 +51,8 @@ def _mounts(spec: cdi.CdiSpec) -> dict[str, cdi.CdiMount]:
 
 
 def test_spec_for_a_claim(tmp_path: Path) -> None:
-    params = _params(tmp_path)
-    spec = cdi.build_claim_spec(params)
+    files = _files(tmp_path)
+    spec = _spec(tmp_path)
     assert spec.kind == "thundercompute.com/gpu"
     assert spec.cdi_version == "0.4.0"  # mount "type" is a 0.4.0 field
     assert [d.name for d in spec.devices] == [f"claim-{UID}"]
@@ -52,8 +67,8 @@ def test_spec_for_a_claim(tmp_path: Path) -> None:
     )
     mounts = _mounts(spec)
     assert sorted(mounts) == ["/etc/thunder/config.json", "/etc/thunder/libthunder.so"]
-    assert mounts["/etc/thunder/config.json"].host_path == str(params.config_json)
-    assert mounts["/etc/thunder/libthunder.so"].host_path == str(params.libthunder)
+    assert mounts["/etc/thunder/config.json"].host_path == str(files["config_json"])
+    assert mounts["/etc/thunder/libthunder.so"].host_path == str(files["libthunder"])
     for mount in mounts.values():
         assert mount.options is not None
         assert "ro" in mount.options
@@ -62,7 +77,7 @@ def test_spec_for_a_claim(tmp_path: Path) -> None:
 
 
 def test_preload_can_be_left_to_the_pod(tmp_path: Path) -> None:
-    spec = cdi.build_claim_spec(_params(tmp_path, preload=False))
+    spec = _spec(tmp_path, preload=False)
     env = spec.devices[0].container_edits.env or ()
     assert not any(e.startswith("LD_PRELOAD=") for e in env)
     assert "/etc/thunder/libthunder.so" in _mounts(spec)
@@ -74,9 +89,7 @@ def test_node_gpu_files_and_ca_bundle_are_mounted_when_given(tmp_path: Path) -> 
         libcuda=Path("/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
         libnvidia_ml=Path("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
     )
-    spec = cdi.build_claim_spec(
-        _params(tmp_path, node_gpu_files=files, ca_bundle=Path("/etc/ssl/certs/ca.crt"))
-    )
+    spec = _spec(tmp_path, node_gpu_files=files, ca_bundle=Path("/etc/ssl/certs/ca.crt"))
     mounts = _mounts(spec)
     assert mounts["/usr/local/bin/nvidia-smi"].host_path == "/usr/bin/nvidia-smi"
     for directory in ("/usr/lib", "/usr/lib64"):
@@ -89,7 +102,7 @@ def test_node_gpu_files_and_ca_bundle_are_mounted_when_given(tmp_path: Path) -> 
 
 def test_missing_node_files_are_not_mounted(tmp_path: Path) -> None:
     files = cdi.NodeGpuFiles(libcuda=Path("/usr/lib64/libcuda.so.1"))
-    mounts = _mounts(cdi.build_claim_spec(_params(tmp_path, node_gpu_files=files)))
+    mounts = _mounts(_spec(tmp_path, node_gpu_files=files))
     assert "/usr/local/bin/nvidia-smi" not in mounts
     assert "/usr/lib/libnvidia-ml.so.1" not in mounts
     assert "/usr/lib64/libcuda.so.1" in mounts
@@ -97,7 +110,7 @@ def test_missing_node_files_are_not_mounted(tmp_path: Path) -> None:
 
 
 def test_minimum_version_follows_the_fields_used(tmp_path: Path) -> None:
-    spec = cdi.build_claim_spec(_params(tmp_path))
+    spec = _spec(tmp_path)
     untyped = cdi.CdiMount(host_path="/a", container_path="/b", options=("ro", "bind"))
     device = cdi.CdiDevice(
         name="claim-x", container_edits=cdi.CdiContainerEdits(env=("A=1",), mounts=(untyped,))
@@ -124,9 +137,9 @@ def test_uids_cdi_cannot_name_are_rejected(bad_uid: str) -> None:
 
 def test_relative_host_paths_and_zero_gpus_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(cdi.CdiError, match="not absolute"):
-        cdi.build_claim_spec(_params(tmp_path, config_json=Path("config.json")))
-    with pytest.raises(cdi.CdiError, match="gpuCount"):
-        cdi.build_claim_spec(_params(tmp_path, gpu_count=0))
+        _spec(tmp_path, config_json=Path("config.json"))
+    with pytest.raises(ValidationError, match="greater than 0"):
+        _claim(gpu_count=0)  # so no spec can be built for one
 
 
 def test_models_reject_unknown_fields_and_credentials() -> None:
@@ -154,8 +167,8 @@ async def test_written_spec_never_holds_a_token(
     )
     claim_directory = tmp_path / "claims" / UID
     config_path = await clientconfig.write_client_config(claim_directory, config)
-    params = _params(tmp_path, config_json=config_path)
-    path = await cdi.CdiSpecStore(tmp_path / "cdi").write_claim(params)
+    files = {**_files(tmp_path), "config_json": config_path}
+    path = await cdi.CdiSpecStore(tmp_path / "cdi").write_claim(_claim(), **files)
     text = path.read_text()
     assert AUTH_TOKEN not in text
     assert jwt not in text
@@ -165,24 +178,39 @@ async def test_written_spec_never_holds_a_token(
 
 async def test_store_write_is_atomic_idempotent_and_world_readable(tmp_path: Path) -> None:
     store = cdi.CdiSpecStore(tmp_path / "cdi")
-    params = _params(tmp_path)
-    path = await store.write_claim(params)
+    claim, files = _claim(), _files(tmp_path)
+    path = await store.write_claim(claim, **files)
     assert path == tmp_path / "cdi" / f"thundercompute.com-gpu_claim-{UID}.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     first = path.stat()
-    assert await store.write_claim(params) == path
+    assert await store.write_claim(claim, **files) == path
     again = path.stat()
     assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
-    await store.write_claim(_params(tmp_path, gpu_count=4))
+    await store.write_claim(_claim(gpu_count=4), **files)
     assert "THUNDER_GPU_COUNT=4" in path.read_text()
     assert os.listdir(tmp_path / "cdi") == [path.name]
     loaded = cdi.CdiSpec.model_validate_json(path.read_bytes())
-    assert loaded == cdi.build_claim_spec(_params(tmp_path, gpu_count=4))
+    assert loaded == _spec(tmp_path, _claim(gpu_count=4))
+
+
+async def test_the_store_mounts_the_node_files_present_at_each_write(tmp_path: Path) -> None:
+    present = [cdi.NodeGpuFiles()]
+    store = cdi.CdiSpecStore(
+        tmp_path / "cdi", node_gpu_files=lambda: present[0], ca_bundle=Path("/etc/ssl/ca.crt")
+    )
+    path = await store.write_claim(_claim(), **_files(tmp_path), preload=False)
+    spec = cdi.CdiSpec.model_validate_json(path.read_bytes())
+    assert spec == _spec(tmp_path, ca_bundle=Path("/etc/ssl/ca.crt"), preload=False)
+    assert "/usr/local/bin/nvidia-smi" not in _mounts(spec)
+    present[0] = cdi.NodeGpuFiles(nvidia_smi=Path("/usr/bin/nvidia-smi"))  # installed since
+    await store.write_claim(_claim(), **_files(tmp_path))
+    mounts = _mounts(cdi.CdiSpec.model_validate_json(path.read_bytes()))
+    assert mounts["/usr/local/bin/nvidia-smi"].host_path == "/usr/bin/nvidia-smi"
 
 
 async def test_store_refuses_a_spec_for_another_claim(tmp_path: Path) -> None:
     store = cdi.CdiSpecStore(tmp_path)
-    other = cdi.build_claim_spec(_params(tmp_path, claim_uid="other-uid"))
+    other = _spec(tmp_path, _claim(uid="other-uid"))
     with pytest.raises(cdi.CdiError, match="exactly device"):
         await store.write(UID, other)
 
@@ -192,8 +220,8 @@ async def test_remove_and_list(tmp_path: Path) -> None:
     store = cdi.CdiSpecStore(directory)
     assert await store.list_claim_uids() == []
     assert await store.remove(UID) is False  # missing is done
-    await store.write_claim(_params(tmp_path))
-    await store.write_claim(_params(tmp_path, claim_uid="0-other"))
+    await store.write_claim(_claim(), **_files(tmp_path))
+    await store.write_claim(_claim(uid="0-other"), **_files(tmp_path, "0-other"))
     (directory / "nvidia.com-gpu_claim-x.json").write_text("{}")
     (directory / f".thundercompute.com-gpu_claim-{UID}.json.tmp-abc").write_text("partial")
     assert await store.list_claim_uids() == ["0-other", UID]

@@ -70,12 +70,12 @@ def assemble(
         lambda url, dest, sha: fetcher.download_library(url, sha, dest),
     )
     checkpoint = CheckpointStore(cfg.checkpoint_dir, writer=checkpoint_writer)
-    cdi = CdiSpecStore(cfg.cdi_dir)
+    cdi = CdiSpecStore(cfg.cdi_dir, node_gpu_files=cfg.present_gpu_files, ca_bundle=cfg.ca_bundle)
     records = Records(kube, node_name, ProvenanceKey(cfg.api_token))
     undo = Undo(
         thunder=thunder,
         cdi=cdi,
-        claims_root=cfg.claims_dir,
+        layout=cfg.claim_layout,
         records=records,
         checkpoint=checkpoint,
         metrics=metrics,

@@ -46,14 +46,14 @@ from thunder_dra.plugin.claims.allocation import (
 from thunder_dra.plugin.claims.records import Records
 from thunder_dra.plugin.claims.rollback import Undo
 from thunder_dra.plugin.config import DaemonConfig
-from thunder_dra.plugin.files.cdi import CdiSpecStore, ClaimCdiParams, NodeGpuFiles
+from thunder_dra.plugin.files.cdi import CdiError, CdiSpecStore
 from thunder_dra.plugin.files.clientconfig import (
     ClientConfigError,
-    claim_dir,
     client_config_from_exchange,
     write_client_config,
 )
 from thunder_dra.plugin.files.guest import guest_install_script, guest_secret_name
+from thunder_dra.plugin.files.layout import ClaimFiles
 from thunder_dra.plugin.files.library import LibraryProvider
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.plugin.state.checkpoint import (
@@ -152,23 +152,6 @@ class Preparer:
             return Consumer(kind="vm", name=vm_name(pod))
         return Consumer(kind="pod", name=pods[0])
 
-    def cdi_params(
-        self, claim: PreparedClaim, config_json: Path, library: Path, *, preload: bool
-    ) -> ClaimCdiParams:
-        cfg = self.d.config
-        return ClaimCdiParams(
-            claim_uid=claim.uid,
-            namespace=claim.namespace,
-            name=claim.name,
-            gpu_type=claim.gpu_type,
-            gpu_count=claim.gpu_count,
-            config_json=config_json,
-            libthunder=library,
-            node_gpu_files=present_gpu_files(cfg),
-            ca_bundle=cfg.ca_bundle,
-            preload=preload,
-        )
-
     async def _mint(self, claim: PreparedClaim, entry: JournalEntry) -> MintedToken:
         d = self.d
         try:
@@ -187,6 +170,13 @@ class Preparer:
         ``preload`` is the claim's option for its CDI spec; ``library`` the cached
         ``libthunder.so`` it mounts (pods; None for a VM)."""
         d = self.d
+        files = None
+        if not claim.is_vm:
+            assert library is not None
+            try:
+                files = d.config.claim_layout.files(claim.uid, library)
+            except (ClientConfigError, CdiError) as err:
+                raise ClaimError(str(err)) from None  # before anything is minted
         purpose = MintPurpose.VM if claim.is_vm else MintPurpose.POD
         entry = await d.journal.begin(
             role=MintRole.CLIENT,
@@ -198,7 +188,7 @@ class Preparer:
         d.crash.reached("prepare:journal-begun")
         attempt = Attempt()
         try:
-            prepared = await self._enroll_steps(claim, entry, attempt, preload, library)
+            prepared = await self._enroll_steps(claim, entry, attempt, preload, files)
         except Exception as err:
             await self._roll_back(entry, attempt)
             if isinstance(err, ClaimError):
@@ -267,14 +257,15 @@ class Preparer:
         entry: JournalEntry,
         attempt: Attempt,
         preload: bool,
-        library: Path | None,
+        files: ClaimFiles | None,
     ) -> PreparedClaim:
+        """``files``: the pod claim's files (:mod:`thunder_dra.plugin.files.layout`);
+        None for a VM."""
         d = self.d
         minted = await self._mint(claim, entry)
         token_id = attempt.token_id = minted.enrollment_token_id
         key = d.scrubber.add(minted.enrollment_token)
         client_id: str | None = None
-        paths: tuple[str, ...] = ()
         try:
             await d.journal.record_token_id(entry.entry_id, token_id)
             d.crash.reached("prepare:token-recorded")
@@ -293,7 +284,8 @@ class Preparer:
                 )
                 d.crash.reached("prepare:secret-written")
             else:
-                client_id, paths = await self._exchange(claim, entry, minted, attempt)
+                assert files is not None
+                client_id = await self._exchange(claim, entry, minted, attempt, files.directory)
         finally:
             d.scrubber.remove(key)
         enrolled = claim.model_copy(
@@ -301,25 +293,32 @@ class Preparer:
                 "enrollment_token_id": token_id,
                 "client_id": client_id,
                 "secret_name": guest_secret_name(claim.name) if claim.is_vm else None,
-                "paths": paths,
+                "paths": files.paths if files is not None else (),
             }
         )
         await d.records.record_client(enrolled)
         d.crash.reached("prepare:client-recorded")
-        if not claim.is_vm:
-            assert library is not None
-            params = self.cdi_params(enrolled, Path(paths[1]), library, preload=preload)
-            spec = await d.cdi.write_claim(params)
+        if files is not None:
+            await d.cdi.write_claim(
+                enrolled,
+                config_json=files.config_json,
+                libthunder=files.library,
+                preload=preload,
+            )
             d.crash.reached("prepare:cdi-written")
-            paths = (*paths, str(spec), str(library))
-        prepared = enrolled.model_copy(update={"paths": paths, "state": ClaimState.PREPARED})
+        prepared = enrolled.model_copy(update={"state": ClaimState.PREPARED})
         await d.checkpoint.put(prepared)
         d.crash.reached("prepare:checkpoint-committed")
         return prepared
 
     async def _exchange(
-        self, claim: PreparedClaim, entry: JournalEntry, minted: MintedToken, attempt: Attempt
-    ) -> tuple[str, tuple[str, ...]]:
+        self,
+        claim: PreparedClaim,
+        entry: JournalEntry,
+        minted: MintedToken,
+        attempt: Attempt,
+        directory: Path,
+    ) -> str:
         d = self.d
         try:
             exchange = await d.thunder.exchange(minted.enrollment_token, claim.hostname)
@@ -334,25 +333,6 @@ class Preparer:
         config = client_config_from_exchange(
             exchange, central_api_url=d.config.api_url, telemetry_collector=d.config.telemetry_url
         )
-        directory = claim_dir(d.config.claims_dir, claim.uid)
-        config_path = await write_client_config(directory, config)
+        await write_client_config(directory, config)
         d.crash.reached("prepare:config-written")
-        return client_id, (str(directory), str(config_path))
-
-
-def present_gpu_files(config: DaemonConfig) -> NodeGpuFiles:
-    """The configured node GPU files that exist on the host (a missing bind source would
-    make the runtime fail the container)."""
-    files = config.node_gpu_files
-
-    def present(path: Path | None) -> Path | None:
-        if path is None:
-            return None
-        seen = config.host_root / path.relative_to("/")
-        return path if seen.exists() else None
-
-    return NodeGpuFiles(
-        nvidia_smi=present(files.nvidia_smi),
-        libcuda=present(files.libcuda),
-        libnvidia_ml=present(files.libnvidia_ml),
-    )
+        return client_id

@@ -43,7 +43,6 @@ from thunder_dra.plugin.claims.prepare import PrepareDeps
 from thunder_dra.plugin.claims.records import claim_from_client, parse_client
 from thunder_dra.plugin.claims.unprepare import Unpreparer
 from thunder_dra.plugin.files.cdi import LIBTHUNDER_CONTAINER_PATH
-from thunder_dra.plugin.files.clientconfig import CONFIG_FILE_NAME, claim_dir
 from thunder_dra.plugin.state.checkpoint import CheckpointStore, PreparedClaim
 from thunder_dra.plugin.state.journal import MintJournal
 from thunder_dra.plugin.state.locks import KeyedLocks
@@ -227,15 +226,8 @@ class Rebuilder:
         devices = allocation.devices_for(vm=vm)
         paths: tuple[str, ...] = ()
         if not vm:
-            directory = claim_dir(d.config.claims_dir, ref.uid)
-            spec_path = d.cdi.path_for(ref.uid)
-            library = await asyncio.to_thread(_library_in_spec, spec_path)
+            library = await asyncio.to_thread(_library_in_spec, d.cdi.path_for(ref.uid))
             if library is None:
                 library = await d.library.current()
-            paths = (
-                str(directory),
-                str(directory / CONFIG_FILE_NAME),
-                str(spec_path),
-                str(library),
-            )
+            paths = d.config.claim_layout.files(ref.uid, library).paths
         return claim_from_client(record, devices=devices, paths=paths)

@@ -23,7 +23,6 @@ import logging
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.plugin.claims.allocation import ClaimError, parse_claim
 from thunder_dra.plugin.claims.prepare import Preparer
-from thunder_dra.plugin.files.clientconfig import CONFIG_FILE_NAME, claim_dir
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.plugin.state.checkpoint import PreparedClaim
 from thunder_dra.thunder import ThunderError
@@ -44,21 +43,22 @@ class Repairer:
         """Restore what a prepared claim is missing on the node and in the API."""
         d = self.d
         if prepared.consumer.kind == "pod":
-            directory = claim_dir(d.config.claims_dir, prepared.uid)
-            if not (directory / CONFIG_FILE_NAME).is_file():
+            layout = d.config.claim_layout
+            if not layout.config_json(prepared.uid).is_file():
                 prepared = await self._reenroll(prepared)
             library = prepared.library
             if library is not None and not library.is_file():
                 library = await d.library.by_digest(library.parent.name)
-            if library is not None and not d.cdi.path_for(prepared.uid).is_file():
-                params = self._preparer.cdi_params(
-                    prepared,
-                    directory / CONFIG_FILE_NAME,
-                    library,
-                    preload=await self._preload_of(prepared),
-                )
-                await d.cdi.write_claim(params)
-                log.info("rewrote a missing CDI spec", extra=_fields(prepared))
+            if library is not None:
+                files = layout.files(prepared.uid, library)
+                if not files.cdi_spec.is_file():
+                    await d.cdi.write_claim(
+                        prepared,
+                        config_json=files.config_json,
+                        libthunder=files.library,
+                        preload=await self._preload_of(prepared),
+                    )
+                    log.info("rewrote a missing CDI spec", extra=_fields(prepared))
         elif prepared.secret_name and not await d.records.guest_secret_exists(
             prepared.namespace, prepared.name, prepared.uid
         ):

@@ -25,16 +25,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 
 from thunder_dra.plugin.claims.records import Records
 from thunder_dra.plugin.files.cdi import CdiSpecStore
 from thunder_dra.plugin.files.clientconfig import (
     ClientConfigError,
-    claim_dir,
     read_client_config,
     remove_claim_dir,
 )
+from thunder_dra.plugin.files.layout import ClaimLayout
 from thunder_dra.plugin.metrics import DaemonMetrics
 from thunder_dra.plugin.state.checkpoint import CheckpointStore
 from thunder_dra.plugin.state.journal import JournalEntry, MintJournal, MintPurpose
@@ -81,14 +80,14 @@ class Undo:
         *,
         thunder: ThunderClient,
         cdi: CdiSpecStore,
-        claims_root: Path,
+        layout: ClaimLayout,
         records: Records,
         checkpoint: CheckpointStore,
         metrics: DaemonMetrics,
     ) -> None:
         self.thunder = thunder
         self.cdi = cdi
-        self.claims_root = claims_root
+        self.layout = layout
         self.records = records
         self.checkpoint = checkpoint
         self.metrics = metrics
@@ -103,11 +102,11 @@ class Undo:
 
     async def remove_claim_files(self, claim_uid: str) -> None:
         await self.cdi.remove(claim_uid)
-        await remove_claim_dir(claim_dir(self.claims_root, claim_uid))
+        await remove_claim_dir(self.layout.directory(claim_uid))
 
     async def _config_client_id(self, claim_uid: str) -> str | None:
         try:
-            config = await read_client_config(claim_dir(self.claims_root, claim_uid))
+            config = await read_client_config(self.layout.directory(claim_uid))
         except (FileNotFoundError, ClientConfigError):
             return None
         return config.client_id
@@ -171,7 +170,7 @@ class Undo:
         elif entry.client_id and await self._config_client_id(uid) == entry.client_id:
             # A re-enrollment of a committed claim wrote this revoked client's config:
             # remove it, so the next prepare of the claim enrolls it again.
-            await remove_claim_dir(claim_dir(self.claims_root, uid))
+            await remove_claim_dir(self.layout.directory(uid))
         if entry.claim_namespace:
             await self.records.delete_client(entry.claim_namespace, uid, only_token_id=token_id)
             if entry.purpose is MintPurpose.VM and entry.claim_name:

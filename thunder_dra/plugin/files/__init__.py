@@ -1,3 +1,3 @@
-"""What a workload gets: CDI specs, a claim's ``config.json``, the verified installer and
-the node's ``libthunder.so`` cache, and the Thunder install commands (host and KubeVirt
-guest)."""
+"""What a workload gets: CDI specs, a claim's ``config.json``, where a claim's files lie on
+the node (:mod:`.layout`), the verified installer and the node's ``libthunder.so`` cache,
+and the Thunder install commands (host and KubeVirt guest)."""

@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from thunder_dra import fsutil
+from thunder_dra.plugin.state.checkpoint import PreparedClaim
 
 CDI_VENDOR = "thundercompute.com"
 CDI_CLASS = "gpu"
@@ -146,22 +148,6 @@ class NodeGpuFiles:
     libnvidia_ml: Path | None = None
 
 
-@dataclass(frozen=True)
-class ClaimCdiParams:
-    """Everything a claim's spec is built from; paths are absolute host paths."""
-
-    claim_uid: str
-    namespace: str
-    name: str
-    gpu_type: str  # as Thunder spells it
-    gpu_count: int
-    config_json: Path
-    libthunder: Path
-    node_gpu_files: NodeGpuFiles = field(default_factory=NodeGpuFiles)
-    ca_bundle: Path | None = None  # opt-in: it hides the image's own bundle
-    preload: bool = True  # False when the claim asks to set LD_PRELOAD itself
-
-
 def _bind(host: Path, container: str, claim_uid: str) -> CdiMount:
     if not host.is_absolute():
         raise CdiError(f"claim {claim_uid}: host path {host} for {container} is not absolute")
@@ -173,46 +159,66 @@ def _bind(host: Path, container: str, claim_uid: str) -> CdiMount:
     )
 
 
-def _mounts(params: ClaimCdiParams) -> list[CdiMount]:
-    uid = params.claim_uid
+def _mounts(
+    claim_uid: str,
+    config_json: Path,
+    libthunder: Path,
+    files: NodeGpuFiles,
+    ca_bundle: Path | None,
+) -> list[CdiMount]:
     mounts = [
-        _bind(params.config_json, CONFIG_CONTAINER_PATH, uid),
-        _bind(params.libthunder, LIBTHUNDER_CONTAINER_PATH, uid),
+        _bind(config_json, CONFIG_CONTAINER_PATH, claim_uid),
+        _bind(libthunder, LIBTHUNDER_CONTAINER_PATH, claim_uid),
     ]
-    files = params.node_gpu_files
     if files.nvidia_smi is not None:
-        mounts.append(_bind(files.nvidia_smi, NVIDIA_SMI_CONTAINER_PATH, uid))
+        mounts.append(_bind(files.nvidia_smi, NVIDIA_SMI_CONTAINER_PATH, claim_uid))
     for library, soname in (
         (files.libcuda, "libcuda.so.1"),
         (files.libnvidia_ml, "libnvidia-ml.so.1"),
     ):
         if library is not None:
-            mounts.extend(_bind(library, f"{d}/{soname}", uid) for d in LIBRARY_CONTAINER_DIRS)
-    if params.ca_bundle is not None:
-        mounts.append(_bind(params.ca_bundle, CA_BUNDLE_CONTAINER_PATH, uid))
+            mounts.extend(
+                _bind(library, f"{d}/{soname}", claim_uid) for d in LIBRARY_CONTAINER_DIRS
+            )
+    if ca_bundle is not None:
+        mounts.append(_bind(ca_bundle, CA_BUNDLE_CONTAINER_PATH, claim_uid))
     return mounts
 
 
-def _env(params: ClaimCdiParams) -> list[str]:
-    env = [f"LD_PRELOAD={LIBTHUNDER_CONTAINER_PATH}"] if params.preload else []
+def _env(claim: PreparedClaim, preload: bool) -> list[str]:
+    env = [f"LD_PRELOAD={LIBTHUNDER_CONTAINER_PATH}"] if preload else []
     env += [
-        f"THUNDER_GPU_TYPE={params.gpu_type}",
-        f"THUNDER_GPU_COUNT={params.gpu_count}",
-        f"THUNDER_RESOURCE_CLAIM_UID={params.claim_uid}",
-        f"THUNDER_RESOURCE_CLAIM_NAMESPACE={params.namespace}",
-        f"THUNDER_RESOURCE_CLAIM_NAME={params.name}",
-        f"THUNDER_CDI_DEVICE={qualified_device_id(params.claim_uid)}",
+        f"THUNDER_GPU_TYPE={claim.gpu_type}",
+        f"THUNDER_GPU_COUNT={claim.gpu_count}",
+        f"THUNDER_RESOURCE_CLAIM_UID={claim.uid}",
+        f"THUNDER_RESOURCE_CLAIM_NAMESPACE={claim.namespace}",
+        f"THUNDER_RESOURCE_CLAIM_NAME={claim.name}",
+        f"THUNDER_CDI_DEVICE={qualified_device_id(claim.uid)}",
     ]
     return env
 
 
-def build_claim_spec(params: ClaimCdiParams) -> CdiSpec:
-    """The CDI spec for one prepared claim, at the minimum ``cdiVersion`` it needs."""
-    if params.gpu_count <= 0:
-        raise CdiError(f"claim {params.claim_uid}: gpuCount must be positive")
+def build_claim_spec(
+    claim: PreparedClaim,
+    *,
+    config_json: Path,
+    libthunder: Path,
+    node_gpu_files: NodeGpuFiles | None = None,
+    ca_bundle: Path | None = None,
+    preload: bool = True,
+) -> CdiSpec:
+    """The CDI spec for one prepared claim, at the minimum ``cdiVersion`` it needs.
+
+    ``config_json`` and ``libthunder`` are the claim's files (:mod:`.layout`), the node's
+    GPU files and ``ca_bundle`` (opt-in: it hides the image's own bundle) are mounted when
+    given, and ``preload`` is False when the claim sets ``LD_PRELOAD`` itself. Every path
+    is an absolute host path."""
+    mounts = _mounts(
+        claim.uid, config_json, libthunder, node_gpu_files or NodeGpuFiles(), ca_bundle
+    )
     device = CdiDevice(
-        name=device_name(params.claim_uid),
-        container_edits=CdiContainerEdits(env=tuple(_env(params)), mounts=tuple(_mounts(params))),
+        name=device_name(claim.uid),
+        container_edits=CdiContainerEdits(env=tuple(_env(claim, preload)), mounts=tuple(mounts)),
     )
     draft = CdiSpec(cdi_version=CDI_BASE_VERSION, kind=CDI_KIND, devices=(device,))
     return draft.model_copy(update={"cdi_version": minimum_cdi_version(draft)})
@@ -227,17 +233,39 @@ def claim_uid_from_file_name(name: str) -> str | None:
 
 
 class CdiSpecStore:
-    """Our transient spec files in one CDI directory (``/var/run/cdi`` by default)."""
+    """Our transient spec files in one CDI directory (``/var/run/cdi`` by default).
 
-    def __init__(self, cdi_dir: Path = DEFAULT_CDI_DIR) -> None:
+    ``node_gpu_files`` tells, at each write, which of the node's NVIDIA tools a spec mounts
+    (only those present: a missing bind source fails the container); ``ca_bundle`` is the
+    node's CA bundle to mount, if the deployment asks for it."""
+
+    def __init__(
+        self,
+        cdi_dir: Path = DEFAULT_CDI_DIR,
+        *,
+        node_gpu_files: Callable[[], NodeGpuFiles] = NodeGpuFiles,
+        ca_bundle: Path | None = None,
+    ) -> None:
         self.cdi_dir = cdi_dir
+        self._node_gpu_files = node_gpu_files
+        self._ca_bundle = ca_bundle
 
     def path_for(self, claim_uid: str) -> Path:
         return self.cdi_dir / spec_file_name(claim_uid)
 
-    async def write_claim(self, params: ClaimCdiParams) -> Path:
+    async def write_claim(
+        self, claim: PreparedClaim, *, config_json: Path, libthunder: Path, preload: bool = True
+    ) -> Path:
         """Build and store a claim's spec; returns the spec file path."""
-        return await self.write(params.claim_uid, build_claim_spec(params))
+        spec = build_claim_spec(
+            claim,
+            config_json=config_json,
+            libthunder=libthunder,
+            node_gpu_files=self._node_gpu_files(),
+            ca_bundle=self._ca_bundle,
+            preload=preload,
+        )
+        return await self.write(claim.uid, spec)
 
     async def write(self, claim_uid: str, spec: CdiSpec) -> Path:
         """Store ``spec`` as the claim's spec file, atomically; a no-op if already current."""
