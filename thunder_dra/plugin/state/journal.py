@@ -12,14 +12,26 @@ crashed, would leave an enrollment nobody can revoke. So (thunder-api.md 7.3):
 4. at start-up :meth:`MintJournal.open_entries` lists what is left, for rollback
    (revoke token and client, delete the Secret or claim files, then close).
 
-One file per entry (``<entry id>.json``), each written atomically and fsync'ed. The
-journal never holds a token: no method takes one and the entry model has no field for it.
+One file per entry (``<entry id>.json``). :meth:`MintJournal.begin` writes it atomically
+(temporary file, fsync, rename, directory fsync); each later change is one line appended to
+it and fsync'ed (no rename, no directory fsync: the file already exists durably). The file
+is the entry as begun (a JSON object, as the whole-rewrite format of earlier versions also
+wrote it) followed by zero or more ``\n``-terminated JSON objects of changed fields, applied
+in order. A last line without its ``\n`` is an append a crash interrupted: it is ignored, as
+if the change had never been made (the same state as a crash just before it), and the next
+change truncates it away. :meth:`MintJournal.close` deletes the file; the directory is
+fsync'ed only for an entry without a token ID, because an entry with one that comes back
+after a power loss is resolved by the rollback exactly as it was (committed, or revoked
+again; revocations accept "already gone"). The journal never holds a token: no method takes
+one and the entry model has no field for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -87,6 +99,8 @@ class MintJournal:
         self.directory = directory
         # Serialise read-modify-write per entry; entries of different claims never wait.
         self._locks: dict[str, asyncio.Lock] = {}
+        # Entries known to carry a token ID on disk: their close needs no directory fsync.
+        self._revocable: set[str] = set()
 
     def _path(self, entry_id: str) -> Path:
         return self.directory / f"{entry_id}{ENTRY_SUFFIX}"
@@ -130,7 +144,7 @@ class MintJournal:
     async def close(self, entry_id: str) -> bool:
         """Delete an entry once its result is recorded elsewhere; True if it was open."""
         async with self._lock_for(entry_id):
-            removed = await fsutil.remove_if_exists_async(self._path(entry_id))
+            removed = await asyncio.to_thread(self._close_sync, entry_id)
         self._locks.pop(entry_id, None)
         return removed
 
@@ -164,9 +178,43 @@ class MintJournal:
                 raise
 
     def _update_sync(self, entry_id: str, changes: dict[str, str]) -> JournalEntry:
-        updated = self._read_sync(self._path(entry_id)).model_copy(update=changes)
-        self._store_sync(updated)
+        path = self._path(entry_id)
+        data = _read_existing(path)
+        updated = _parse_entry(path, data).model_copy(update=changes)
+        line = (json.dumps({to_camel(k): v for k, v in changes.items()}) + "\n").encode()
+        # Everything up to the last newline is whole; anything after it is a torn append.
+        whole = data.rfind(b"\n") + 1
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        try:
+            if whole < len(data):
+                os.ftruncate(fd, whole)
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except BaseException:
+                # Leave the file as it was (a partial line would be ignored anyway).
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, whole)
+                raise
+        finally:
+            os.close(fd)
+        if updated.enrollment_token_id:
+            self._revocable.add(entry_id)
         return updated
+
+    def _close_sync(self, entry_id: str) -> bool:
+        path = self._path(entry_id)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        if entry_id in self._revocable:
+            self._revocable.discard(entry_id)
+        else:
+            fsutil.fsync_dir(self.directory)
+        return True
 
     def _store_sync(self, entry: JournalEntry) -> None:
         if not self.directory.is_dir():
@@ -174,16 +222,9 @@ class MintJournal:
         fsutil.write_atomic(self._path(entry.entry_id), entry.to_json(), mode=0o600)
 
     def _read_sync(self, path: Path) -> JournalEntry:
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError as err:
-            raise JournalEntryNotFound(f"mint journal entry {path.stem} is not open") from err
-        try:
-            entry = JournalEntry.model_validate(json.loads(data))
-        except (ValueError, ValidationError) as err:
-            raise JournalCorruptError(path, str(err)) from err
-        if entry.entry_id != path.stem:
-            raise JournalCorruptError(path, f"holds entry {entry.entry_id}")
+        entry = _parse_entry(path, _read_existing(path))
+        if entry.enrollment_token_id:
+            self._revocable.add(entry.entry_id)
         return entry
 
     def _list_sync(self) -> list[JournalEntry]:
@@ -198,3 +239,34 @@ class MintJournal:
             except JournalEntryNotFound:
                 continue  # closed while listing
         return entries
+
+
+def _read_existing(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError as err:
+        raise JournalEntryNotFound(f"mint journal entry {path.stem} is not open") from err
+
+
+def _parse_entry(path: Path, data: bytes) -> JournalEntry:
+    """The entry a file holds: its first JSON object with the appended changes applied."""
+    try:
+        text = data.decode()
+        document, end = json.JSONDecoder().raw_decode(text)
+        if not isinstance(document, dict):
+            raise ValueError("the entry is not a JSON object")
+        rest = text[end:]
+        # The piece after the last newline is a torn append (or empty): not applied.
+        for number, line in enumerate(rest.split("\n")[:-1], start=1):
+            if not line.strip():
+                continue
+            change = json.loads(line)
+            if not isinstance(change, dict):
+                raise ValueError(f"appended change {number} is not a JSON object")
+            document.update(change)
+        entry = JournalEntry.model_validate(document)
+    except (ValueError, ValidationError) as err:
+        raise JournalCorruptError(path, str(err)) from err
+    if entry.entry_id != path.stem:
+        raise JournalCorruptError(path, f"holds entry {entry.entry_id}")
+    return entry
