@@ -35,9 +35,11 @@ from thunder_dra.process.health import HealthServer
 from thunder_dra.process.logs import SecretScrubber
 from thunder_dra.process.tracing import DAEMON_SERVICE, configure_tracing
 from thunder_dra.thunder import ArtifactFetcher, RetryPolicy, ThunderClient
+from thunder_dra.thunder.aiotransport import AiohttpTransport
 from thunder_dra.version import user_agent
 
 IO_THREADS = 32
+THUNDER_SPARE_CONNECTIONS = 8  # beyond --claim-concurrency, to Thunder
 NODE_READ_ATTEMPTS = 10
 
 log = logging.getLogger(__name__)
@@ -152,6 +154,10 @@ class Daemon:
             ),
             registry=self.metrics.registry,
             tracer_provider=tracer_provider,
+            # aiohttp under httpx: httpcore cost more CPU per claim than the rest of the
+            # daemon's Thunder path. One connection per claim slot, and a few for node
+            # enrollment, the sweep and repairs.
+            transport=AiohttpTransport(pool_size=cfg.claim_concurrency + THUNDER_SPARE_CONNECTIONS),
         )
         self._closers.append(thunder.aclose)
         fetcher = ArtifactFetcher(
