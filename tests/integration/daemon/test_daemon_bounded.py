@@ -21,6 +21,7 @@ from hack.testbed.daemon import (
     live_clients,
 )
 from hack.testbed.kube import Kube
+from thunder_dra.plugin.claims.allocation import ZONE_ID_TTL
 
 CLAIMS = 300
 BOUND = 8
@@ -59,6 +60,7 @@ def test_a_call_with_300_claims_runs_with_bounded_concurrency_and_one_zone_list(
     node: NodeHarness,
 ) -> None:
     claims = allocated_claims(kube, namespace, pool, CLAIMS, prefix="many")
+    daemon_started = time.monotonic()
     daemon = node.daemon.start()
     daemon.wait_serving()
     assert daemon.process is not None
@@ -88,7 +90,10 @@ def test_a_call_with_300_claims_runs_with_bounded_concurrency_and_one_zone_list(
         'endpoint="/api/v1/zones"',
         'method="GET"',
     )
-    assert zone_lists == 1
+    # One list answers the whole call; only a call that outlives the zone-ID cache (a
+    # loaded machine) may read it again, once per cache lifetime.
+    lifetime = time.monotonic() - daemon_started
+    assert 1 <= zone_lists <= 1 + int(lifetime // ZONE_ID_TTL), (zone_lists, lifetime)
     mints = _sum(
         metrics, "thunder_dra_thunder_api_requests_total", f'endpoint="{MINT}"', 'method="POST"'
     )
