@@ -46,6 +46,7 @@ from hack.node.chart import (
     wait,
 )
 from hack.node.launcher import Node
+from hack.testbed.daemon import claim_template
 from tests.e2e.node.conftest import pod_logs, stock_pod
 from thunder_dra.kube.provenance import ANNOTATION, ProvenanceKey
 from thunder_dra.thunder import Secret, ThunderClient
@@ -73,30 +74,7 @@ def install(
 
 def _namespace(install: Install, name: str) -> str:
     install.node.kubectl("create", "namespace", name)
-    _apply(
-        install,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "one-a6000", "namespace": name},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": "gpu",
-                                "exactly": {
-                                    "deviceClassName": CLASS,
-                                    "allocationMode": "ExactCount",
-                                    "count": 1,
-                                },
-                            }
-                        ]
-                    }
-                }
-            },
-        },
-    )
+    _apply(install, claim_template("one-a6000", name, CLASS, 1))
     return name
 
 
