@@ -24,6 +24,14 @@ print("released", flush=True)
 """
 
 
+@pytest.fixture(autouse=True)
+def own_lock_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    # This process may hold the machine's lock already (a real node of the same pytest
+    # session): these tests start from a process that holds nothing.
+    monkeypatch.setattr(launcher, "_lock_depth", 0)
+    monkeypatch.setattr(launcher, "_lock_file", None)
+
+
 def _holder(lock: Path, release: Path) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(lock), str(release)],
