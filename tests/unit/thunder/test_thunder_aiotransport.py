@@ -33,6 +33,8 @@ class Server:
         self.peers: list[tuple[str, int]] = []
         self.headers: list[dict[str, str]] = []
         self.url = ""
+        # A slow answer waits for this, set when the server stops (never answered in time).
+        self.release = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         peer = request.transport.get_extra_info("peername") if request.transport else None
@@ -44,7 +46,7 @@ class Server:
         if request.path == "/api/v1/hosts":
             return web.json_response({"hosts": [], "pad": "x" * 4096})
         if request.path == "/api/v1/clients":
-            await asyncio.sleep(5)
+            await self.release.wait()
             return web.json_response({"clients": []})
         return web.json_response({"error": "boom"}, status=503, reason="Overloaded")
 
@@ -61,6 +63,7 @@ async def server() -> AsyncIterator[Server]:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     state.url = f"http://127.0.0.1:{port}"
     yield state
+    state.release.set()
     await runner.cleanup()
 
 
