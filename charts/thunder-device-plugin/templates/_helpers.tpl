@@ -90,8 +90,10 @@ app.kubernetes.io/component: operator
 The webhook's serving certificate when the chart generates it: the Secret from an
 earlier release is reused as long as it holds a CA and a key pair, so upgrades keep
 the certificate (and the operator keeps serving) and only a first install, or a
-deleted Secret, mints a new CA. Computed once per render and cached, so the Secret,
-the webhook configuration's caBundle and the Deployment's checksum agree.
+deleted Secret, mints a new CA. Both keys are ECDSA P-256, as the cert-manager
+Certificate asks for (and an RSA key costs most of a render's time). Computed once per
+render and cached, so the Secret, the webhook configuration's caBundle and the
+Deployment's checksum agree.
 Result: a dict with base64 "ca", "crt" and "key".
 */}}
 {{- define "tdp.webhookTLS" -}}
@@ -108,9 +110,9 @@ Result: a dict with base64 "ca", "crt" and "key".
 {{- $svc := include "tdp.webhookService" . -}}
 {{- $ns := .Release.Namespace -}}
 {{- $days := int .Values.webhook.certValidityDays -}}
-{{- $ca := genCA (printf "%s-webhook-ca" (include "tdp.fullname" .)) $days -}}
+{{- $ca := genCAWithKey (printf "%s-webhook-ca" (include "tdp.fullname" .)) $days (genPrivateKey "ecdsa") -}}
 {{- $dns := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) -}}
-{{- $cert := genSignedCert (printf "%s.%s.svc" $svc $ns) nil $dns $days $ca -}}
+{{- $cert := genSignedCertWithKey (printf "%s.%s.svc" $svc $ns) nil $dns $days $ca (genPrivateKey "ecdsa") -}}
 {{- $tls = dict "ca" ($ca.Cert | b64enc) "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) -}}
 {{- end -}}
 {{- $_ := set .Values "__webhookTLS" $tls -}}

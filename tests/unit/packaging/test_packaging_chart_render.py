@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from tests.unit.packaging.chartkit import (
@@ -142,6 +143,23 @@ def test_generated_webhook_certificate_is_for_the_service_and_signed_by_the_ca_b
     volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
     assert volumes["webhook-tls"]["secret"]["secretName"] == secret["metadata"]["name"]
     assert "checksum/webhook-tls" in deploy["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_generated_webhook_keys_are_ecdsa_p256_like_cert_managers() -> None:
+    """The chart's own CA and serving keys are ECDSA P-256, as the cert-manager path asks
+    for: the same kind of key whichever way the certificate comes, and a render that does
+    not spend its time generating RSA keys on every install, upgrade and template."""
+    secret = render().one("Secret", "tdp-thunder-device-plugin-webhook-tls")
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    key = serialization.load_pem_private_key(base64.b64decode(secret["data"]["tls.key"]), None)
+    for public in (ca.public_key(), cert.public_key(), key.public_key()):
+        assert isinstance(public, ec.EllipticCurvePublicKey)
+        assert public.curve.name == "secp256r1"
+    assert key.public_key() == cert.public_key()
+    assert ca.public_key() != cert.public_key()
+    issuer = render("--set", "webhook.certManager.enabled=true").one("Certificate")
+    assert issuer["spec"]["privateKey"]["algorithm"] == "ECDSA"
 
 
 def test_cert_manager_issues_the_certificate_instead() -> None:
