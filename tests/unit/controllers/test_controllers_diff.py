@@ -23,6 +23,8 @@ from thunder_dra.controllers.diff import (
     Replace,
     Update,
     plan_inventory,
+    prune,
+    same_when_pruned,
 )
 from thunder_dra.controllers.slices import (
     InventoryConfig,
@@ -364,3 +366,43 @@ def test_a_recreated_thundercluster_takes_over_as_controller() -> None:
     for obj in [*server.list("ResourceSlice"), *server.list("DeviceClass")]:
         refs = obj["metadata"]["ownerReferences"]
         assert [r["uid"] for r in refs if r.get("controller")] == ["uid-2"]
+
+
+empties = st.sampled_from([None, False, "", [], {}])
+json_values = st.recursive(
+    st.one_of(empties, st.integers(-2, 2), st.sampled_from(["a", "b"]), st.just(True)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.sampled_from(["x", "y", "z"]), inner, max_size=3),
+    ),
+    max_leaves=12,
+)
+
+
+@st.composite
+def with_empties_added(draw: st.DrawFn, value: Any) -> Any:
+    """`value` with empty entries added to some of its mappings: the same when pruned."""
+    if isinstance(value, dict):
+        out = {key: draw(with_empties_added(item)) for key, item in value.items()}
+        for key in draw(st.lists(st.sampled_from(["x", "y", "z", "w"]), max_size=2)):
+            out.setdefault(key, draw(empties))
+        return out
+    if isinstance(value, list | tuple):
+        return [draw(with_empties_added(item)) for item in value]
+    return value
+
+
+@settings(max_examples=150, deadline=None)
+@given(json_values, json_values)
+def test_same_when_pruned_agrees_with_pruning_both(a: Any, b: Any) -> None:
+    assert same_when_pruned(a, b) == (prune(a) == prune(b))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), json_values)
+def test_defaulted_empty_fields_compare_the_same(data: st.DataObject, value: Any) -> None:
+    returned = data.draw(with_empties_added(value))
+    assert same_when_pruned(value, returned)
+    assert same_when_pruned(returned, value)
+    assert prune(value) == prune(returned)
