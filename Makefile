@@ -47,7 +47,7 @@ typecheck: $(STAMP) ## mypy --strict
 
 .PHONY: unit
 unit: $(STAMP) tools ## Unit tests only (no cluster; chart renders use the built helm)
-	$(VENV)/bin/pytest -m unit -q $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/unit -m unit -q $(PYTEST_ARGS)
 
 .PHONY: check
 check: lint typecheck unit helm-lint helm-schema ## Lint, type-check, unit tests and offline chart verification
