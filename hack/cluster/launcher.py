@@ -71,14 +71,25 @@ class ClusterError(RuntimeError):
     """The control plane could not be built, started or reached."""
 
 
+_built: Path | None = None
+
+
 def binaries() -> Path:
-    """Build the pinned binaries if they are not cached yet and return their directory."""
+    """Build the pinned binaries if they are not cached yet and return their directory.
+
+    The script's answer is kept for the rest of the process while the directory exists:
+    it hashes the pinned module files and asks `go env` each time, a process or two per
+    call, and the test suite asks for helm or kubectl a hundred times."""
+    global _built
+    if _built is not None and _built.is_dir():
+        return _built
     proc = subprocess.run(
         ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
     )
     if proc.returncode != 0:
         raise ClusterError(f"{BUILD_SCRIPT} failed with exit code {proc.returncode}")
-    return Path(proc.stdout.strip().splitlines()[-1])
+    _built = Path(proc.stdout.strip().splitlines()[-1])
+    return _built
 
 
 def _ephemeral_floor() -> int:
