@@ -18,6 +18,7 @@ device IDs each claim got are recorded for tests to inspect.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import stat
 import threading
@@ -83,8 +84,7 @@ class KubeletStandIn:
         poll_interval: float = 0.1,
     ) -> None:
         self.node_name = node_name
-        self.core = client.CoreV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
+        self._api_client = api_client
         self.registry_dir = registry_dir
         self.poll_interval = poll_interval
         self.plugins: dict[str, list[Plugin]] = {}
@@ -97,6 +97,16 @@ class KubeletStandIn:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+
+    # The generated API classes load on first use (CoreV1Api alone takes about a second),
+    # so a stand-in that only registers plugins never pays for them.
+    @functools.cached_property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self._api_client)
+
+    @functools.cached_property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self._api_client)
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> KubeletStandIn:
