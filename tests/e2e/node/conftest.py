@@ -1,7 +1,10 @@
 """Fixtures of the real-node tests: a control plane a node can join, the node, the images.
 
 Everything here needs root and the node components (``hack/build-node-tools.sh``);
-the tests skip with the reason where they cannot run.
+the tests skip with the reason where they cannot run. The control plane and the node
+are package-scoped (this folder is a package): they are built once for the folder's
+tests and stopped when its last test ends, not kept running, idle, through the rest of
+`make test`.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def node_images() -> dict[str, image_builder.BuiltImage]:
     return chart.node_images(binaries() / "kubectl")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     why = node_skip_reason()
     if why:
@@ -54,7 +57,7 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def real_node(
     node_cluster: Cluster, node_images: dict[str, image_builder.BuiltImage]
 ) -> Iterator[Node]:
