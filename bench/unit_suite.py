@@ -1,0 +1,149 @@
+"""How long the unit suite takes, as `make unit` runs it.
+
+    python -m bench.unit_suite [--runs 3] [--no-write]
+
+Runs `pytest tests/unit -m unit -q -p no:cacheprovider` as a fresh process `--runs`
+times in each of two settings and measures the wall time of the whole process (start-up,
+collection, every test, teardown), its CPU time and that of its children (helm, kubectl,
+the build backend):
+
+- bytecode cached: Python's default, so from the second run on no module is compiled;
+- `PYTHONDONTWRITEBYTECODE=1`: nothing is cached, so every run compiles every module it
+  imports that has no `.pyc` yet (the project's own, the tests, pytest's rewritten
+  plugins), as on a machine that sets it.
+
+The first run of the cached setting writes the caches and is reported apart. Before each
+setting the project's `__pycache__` folders are removed so both start alike. The load
+average before the runs is printed: figures from a busy machine say little. The figures
+go to the "Unit suite" section of docs/benchmarks.md unless `--no-write`. This is not a
+test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.docsection import command_line, replace_section
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "benchmarks.md"
+SECTION = "## Unit suite"
+INTRO = "# Benchmarks\n\nFigures from the benchmarks in `bench/`, measured on the local platform.\n"
+COMMAND = [
+    sys.executable,
+    "-m",
+    "pytest",
+    "tests/unit",
+    "-m",
+    "unit",
+    "-q",
+    "-p",
+    "no:cacheprovider",
+]
+_SUMMARY = re.compile(r"(\d+) passed.* in ([0-9.]+)s")
+
+
+@dataclass(frozen=True)
+class Run:
+    wall: float
+    cpu: float  # the pytest process and its children, user + system
+    tests: int
+    pytest_seconds: float  # what pytest reports: collection and tests, not start-up
+
+
+def _clear_bytecode() -> None:
+    for top in ("thunder_dra", "hack", "tests", "bench"):
+        for folder in (REPO / top).rglob("__pycache__"):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(env: dict[str, str]) -> Run:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(
+        COMMAND, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=900
+    )
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    found = _SUMMARY.search(tail)
+    if done.returncode != 0 or found is None:
+        raise SystemExit(f"the unit suite failed (exit {done.returncode}): {tail}\n{done.stderr}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return Run(wall, cpu, int(found.group(1)), float(found.group(2)))
+
+
+def measure(runs: int) -> dict[str, list[Run]]:
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    results: dict[str, list[Run]] = {}
+    _clear_bytecode()
+    cached = [_run(base) for _ in range(runs + 1)]
+    results["first run, writing the bytecode caches"] = cached[:1]
+    results["bytecode cached"] = cached[1:]
+    _clear_bytecode()
+    results["PYTHONDONTWRITEBYTECODE=1"] = [
+        _run({**base, "PYTHONDONTWRITEBYTECODE": "1"}) for _ in range(runs)
+    ]
+    return results
+
+
+def render(results: dict[str, list[Run]], command: str, load: str) -> str:
+    tests = next(iter(results.values()))[0].tests
+    lines = [
+        SECTION,
+        "",
+        f"Command: `{command}` ({platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}; load average before the runs: {load}).",
+        "",
+        f"What is timed: `make unit`'s pytest command ({tests} tests), each run a fresh "
+        "process, wall time from its start to its exit. CPU counts the pytest process "
+        "and its children (helm, kubectl, the build backend).",
+        "",
+        "| setting | runs | wall s, median | wall s, min | CPU s, median | pytest's own s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, runs in results.items():
+        lines.append(
+            f"| {name} | {len(runs)} | {statistics.median(r.wall for r in runs):.1f} | "
+            f"{min(r.wall for r in runs):.1f} | {statistics.median(r.cpu for r in runs):.1f} | "
+            f"{statistics.median(r.pytest_seconds for r in runs):.1f} |"
+        )
+    lines += [
+        "",
+        "The first row is a fresh clone's first `make unit`: every module of the project and "
+        "every test module is compiled and cached. `make` unexports PYTHONDONTWRITEBYTECODE, "
+        "so the second row is what `make unit` costs from then on; the third is the same "
+        "command run by hand on a machine that sets the variable, after the first run's "
+        "caches of the virtualenv exist. The target is the whole unit suite under a minute.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.unit_suite", description=__doc__)
+    parser.add_argument("--runs", type=int, default=3, help="runs of each setting")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args(argv)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    results = measure(args.runs)
+    text = render(results, command_line("bench.unit_suite", args, ("runs",)), load)
+    print(text)
+    if not args.no_write:
+        replace_section(DOC, SECTION, text, intro=INTRO)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
