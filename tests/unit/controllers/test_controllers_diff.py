@@ -368,7 +368,7 @@ def test_a_recreated_thundercluster_takes_over_as_controller() -> None:
         assert [r["uid"] for r in refs if r.get("controller")] == ["uid-2"]
 
 
-empties = st.sampled_from([None, False, "", [], {}])
+empties: st.SearchStrategy[Any] = st.sampled_from([None, False, "", [], {}])
 json_values = st.recursive(
     st.one_of(empties, st.integers(-2, 2), st.sampled_from(["a", "b"]), st.just(True)),
     lambda inner: st.one_of(
