@@ -46,7 +46,7 @@ import grpc
 import yaml
 from kubernetes import client, config, dynamic
 
-from bench.docsection import replace_section
+from bench.docsection import DOC, INTRO, replace_section
 from hack.cluster import Cluster, ClusterConfig, free_port
 from hack.cluster.nodes import create_node
 from hack.fake_host import BIN_DIR, STATE_ENV
@@ -56,7 +56,6 @@ from thunder_dra.controllers.slices import InventoryConfig, build_pools
 from thunder_dra.proto_gen import dra_v1_pb2, dra_v1_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = REPO / "docs" / "benchmarks.md"
 DRIVER = "thundercompute.com"
 API_TOKEN = "tcapi_bench_daemon_token_0001"
 GROUP_RESOURCE = ("resource.k8s.io", "v1")
@@ -64,7 +63,6 @@ TARGET_P50_MS = 15.0
 TARGET_P99_MS = 60.0
 TARGET_IDLE_RSS_MIB = 100.0
 COMMAND = "python -m bench.daemon_prepare --write-docs"
-INTRO = "# Benchmarks\n\nFigures from the benchmarks in `bench/`, measured on the local platform.\n"
 
 
 def _die_with_parent() -> None:
@@ -485,7 +483,7 @@ def render(report: dict[str, Any], claims: int) -> str:
 
 def write_docs(section: str) -> None:
     """Replace the "## Daemon" section of docs/benchmarks.md, keeping every other section."""
-    replace_section(DOCS, "## Daemon", section, intro=INTRO)
+    replace_section(DOC, "## Daemon", section, intro=INTRO)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,11 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+"""The one document every benchmark writes its section of."""
+INTRO = "# Benchmarks\n\nFigures from the benchmarks in `bench/`, measured on the local platform.\n"
+"""How the document starts when the first benchmark to run creates it."""
+
 
 def command_line(prog: str, args: argparse.Namespace, options: Sequence[str]) -> str:
     """`python -m <prog> --<option> <value> ...` for the named options, as the run used."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.docsection import command_line, replace_section
+from bench.docsection import DOC, INTRO, command_line, replace_section
 from hack.cluster import Cluster
 from hack.testbed.operator import (
     OPERATOR_AGENT,
@@ -44,18 +44,9 @@ from hack.testbed.operator import (
     standalone_operator,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "benchmarks.md"
 SECTION = "## Operator"
 MODELS = ("A6000", "H100", "L4", "A100", "RTX4090", "B200", "L40S", "H200")
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
-INTRO = """# Benchmarks
-
-Figures measured on the local test platform (no containers: upstream control-plane
-binaries, the fake Thunder service, the project's processes), never asserted by tests.
-Each section names the command that produced it; rerun it after a change that could
-move the figures. Targets are those of docs/architecture.md (Targets).
-"""
 
 
 @dataclass

@@ -35,12 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.docsection import command_line, replace_section
+from bench.docsection import DOC, INTRO, command_line, replace_section
 
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "benchmarks.md"
 SECTION = "## Unit suite"
-INTRO = "# Benchmarks\n\nFigures from the benchmarks in `bench/`, measured on the local platform.\n"
 COMMAND = [
     sys.executable,
     "-m",
