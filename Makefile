@@ -50,9 +50,12 @@ lint: $(STAMP) ## ruff lint and format check
 typecheck: $(STAMP) ## mypy --strict
 	$(VENV)/bin/mypy --strict thunder_dra hack tests $(wildcard bench/*.py)
 
+# The unit tests share no state between tests but their own process's caches, so they run
+# on every CPU (pytest-xdist). UNIT_WORKERS=0 runs them in the one pytest process.
+UNIT_WORKERS ?= auto
 .PHONY: unit
-unit: $(STAMP) tools ## Unit tests only (no cluster; chart renders use the built helm)
-	$(VENV)/bin/pytest tests/unit -m unit -q $(PYTEST_ARGS)
+unit: $(STAMP) tools ## Unit tests only (no cluster; chart renders use the built helm), on every CPU
+	$(VENV)/bin/pytest tests/unit -m unit -q -n $(UNIT_WORKERS) $(PYTEST_ARGS)
 
 .PHONY: check
 check: lint typecheck unit helm-lint helm-schema ## Lint, type-check, unit tests and offline chart verification
