@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -77,6 +78,7 @@ async def served() -> AsyncIterator[tuple[PluginServer, RecordingHandler, Path]]
         yield server, handler, root
     finally:
         await server.stop(grace=0.1)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_kubelet_registers_the_plugin_with_v1_first(
