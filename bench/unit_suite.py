@@ -1,22 +1,21 @@
-"""How long the unit suite takes, as `make unit` runs it.
+"""How long the unit suite takes, as `make unit` runs it and in one process.
 
     python -m bench.unit_suite [--runs 3] [--no-write]
 
-Runs `pytest tests/unit -m unit -q -p no:cacheprovider` as a fresh process `--runs`
-times in each of two settings and measures the wall time of the whole process (start-up,
-collection, every test, teardown), its CPU time and that of its children (helm, kubectl,
-the build backend), and the share of the machine's CPU the hypervisor took meanwhile:
+Runs the unit suite as a fresh process and measures the wall time of the whole process
+(start-up, collection, every test, teardown), its CPU time and that of its children (the
+pytest-xdist workers, helm, kubectl, the build backend), and the share of the machine's
+CPU the hypervisor took meanwhile. Two settings, `--runs` times each, alternating so that
+a drift of the machine's speed touches both alike:
 
-- bytecode cached: Python's default, so from the second run on no module is compiled;
-- `PYTHONDONTWRITEBYTECODE=1`: nothing is cached, so every run compiles every module it
-  imports that has no `.pyc` yet (the project's own, the tests, pytest's rewritten
-  plugins), as on a machine that sets it.
+- `make unit`: `pytest tests/unit -m unit -q -n auto`, one worker per CPU;
+- one process: the same with `-n 0` (`make unit UNIT_WORKERS=0`), the suite's serial cost.
 
-The first run of the cached setting writes the caches and is reported apart. Before each
-setting the project's `__pycache__` folders are removed so both start alike. The load
-average before the runs is printed: figures from a busy machine say little. The figures
-go to the "Unit suite" section of docs/benchmarks.md unless `--no-write`. This is not a
-test: it asserts nothing.
+Before the first run the project's `__pycache__` folders are removed: that run is a fresh
+clone's first `make unit`, which compiles and caches every module, and is reported apart.
+The load average before the runs is printed: figures from a busy machine say little. The
+figures go to the "Unit suite" section of docs/benchmarks.md unless `--no-write`. This is
+not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +49,8 @@ COMMAND = [
     "-p",
     "no:cacheprovider",
 ]
+EVERY_CPU = [*COMMAND, "-n", "auto"]
+ONE_PROCESS = [*COMMAND, "-n", "0"]
 _SUMMARY = re.compile(r"(\d+) passed.* in ([0-9.]+)s")
 
 
@@ -73,12 +74,12 @@ def _clear_bytecode() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run(env: dict[str, str]) -> Run:
+def _run(command: list[str], env: dict[str, str]) -> Run:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     machine_before = _cpu_times()
     start = time.perf_counter()
     done = subprocess.run(
-        COMMAND, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=900
+        command, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=900
     )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -93,17 +94,18 @@ def _run(env: dict[str, str]) -> Run:
 
 
 def measure(runs: int) -> dict[str, list[Run]]:
-    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    results: dict[str, list[Run]] = {}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     _clear_bytecode()
-    cached = [_run(base) for _ in range(runs + 1)]
-    results["first run, writing the bytecode caches"] = cached[:1]
-    results["bytecode cached"] = cached[1:]
-    _clear_bytecode()
-    results["PYTHONDONTWRITEBYTECODE=1"] = [
-        _run({**base, "PYTHONDONTWRITEBYTECODE": "1"}) for _ in range(runs)
-    ]
-    return results
+    first = _run(EVERY_CPU, env)
+    every_cpu, one_process = [], []
+    for _ in range(runs):
+        every_cpu.append(_run(EVERY_CPU, env))
+        one_process.append(_run(ONE_PROCESS, env))
+    return {
+        "first `make unit` of a fresh clone (every CPU, compiling every module)": [first],
+        "`make unit` (every CPU)": every_cpu,
+        "one process (`UNIT_WORKERS=0`)": one_process,
+    }
 
 
 def render(results: dict[str, list[Run]], command: str, load: str) -> str:
@@ -114,9 +116,9 @@ def render(results: dict[str, list[Run]], command: str, load: str) -> str:
         f"Command: `{command}` ({platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}; load average before the runs: {load}).",
         "",
-        f"What is timed: `make unit`'s pytest command ({tests} tests), each run a fresh "
-        "process, wall time from its start to its exit. CPU counts the pytest process "
-        "and its children (helm, kubectl, the build backend).",
+        f"What is timed: the unit suite ({tests} tests), each run a fresh process, wall "
+        "time from its start to its exit. CPU counts the pytest process and its children "
+        "(the pytest-xdist workers, helm, kubectl, the build backend).",
         "",
         "| setting | runs | wall s, median | wall s, min | CPU s, median | pytest's own s "
         "| CPU stolen |",
@@ -131,14 +133,12 @@ def render(results: dict[str, list[Run]], command: str, load: str) -> str:
         )
     lines += [
         "",
-        "The first row is a fresh clone's first `make unit`: every module of the project and "
-        "every test module is compiled and cached. `make` unexports PYTHONDONTWRITEBYTECODE, "
-        "so the second row is what `make unit` costs from then on; the third is the same "
-        "command run by hand on a machine that sets the variable, after the first run's "
-        'caches of the virtualenv exist. "CPU stolen" is the share of the machine\'s CPU '
-        "time the hypervisor gave to others during the runs (/proc/stat): the same suite "
-        "takes longer, in CPU time too, when it is high. The target is the whole unit "
-        "suite under a minute.",
+        "`make unit` runs one pytest-xdist worker per CPU; the one-process row is the "
+        "suite's serial cost, what it takes where there is a single CPU. The settings "
+        'alternate, run by run. "CPU stolen" is the share of the machine\'s CPU time the '
+        "hypervisor gave to others during the runs (/proc/stat): the same suite takes "
+        "longer, in CPU time too, when it is high. The target is the whole unit suite under "
+        "a minute.",
     ]
     return "\n".join(lines) + "\n"
 
