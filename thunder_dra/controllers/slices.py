@@ -26,15 +26,17 @@ stay above its target until those claims end). Generations are the diff's concer
 Limits (`spec.operator.limits`): a pool publishes at most `max_devices_per_pool`
 devices, at most `max_pools` pools are published and at most `max_devices` devices in
 all. What is over a limit is clamped and reported in `InventoryLayout.clamps`. Pools
-are served in a fixed order, so a repeated answer clamps the same way: pools with
-allocated devices first, then those already published, then by name. Allocated
-devices are published whatever the limits (they are already in use), so the totals
-can only exceed a limit by devices that claims hold.
+are served in a fixed order: pools with allocated devices first, then those already
+published, then by name. The total is shared in two rounds: first each pool keeps what
+it publishes now, then what is left goes to growth. So a pool never loses devices to one
+served before it, and a repeated answer clamps the same way from its second pass on.
+Allocated devices are published whatever the limits (they are already in use), so the
+totals can only exceed a limit by devices that claims hold.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
@@ -286,6 +288,51 @@ def published_devices(existing_slices: Iterable[Mapping[str, Any]]) -> dict[str,
     return {name: frozenset(names) for name, names in devices.items()}
 
 
+@dataclass(slots=True)
+class _Chosen:
+    """A pool that passed the pool limit, and the devices the total limit grants it."""
+
+    name: str
+    capacity: PoolCapacity
+    type_label: str
+    count: int
+    """What the pool asks for, within the per-pool limit."""
+    current: Collection[str]
+    pinned: Collection[str]
+    granted: int = 0
+
+
+def _cost(pool: _Chosen, count: int) -> int:
+    """The devices `count` publishes: the allocated ones are published whatever the count."""
+    pinned = sum(1 for n in pool.pinned if naming.device_index(pool.type_label, n) is not None)
+    return max(count, pinned)
+
+
+def _share_the_total(pools: Sequence[_Chosen], max_devices: int | None) -> None:
+    """Grant each pool its count within `max_devices`, in the pools' order, in two rounds.
+
+    First every pool keeps what it publishes now (up to its count), then what is left
+    goes to growth. A pool's own devices are never handed to a pool served before it, so
+    a layout is its own fixed point: the same answer against what the last pass
+    published grants the same counts, wherever the order puts pools published since.
+    """
+    if max_devices is None:
+        for pool in pools:
+            pool.granted = pool.count
+        return
+    left = max_devices
+    for pool in pools:
+        keep = sum(1 for n in pool.current if naming.device_index(pool.type_label, n) is not None)
+        pool.granted = min(pool.count, keep, left)
+        left = max(left - _cost(pool, pool.granted), 0)
+    for pool in pools:
+        paid = _cost(pool, pool.granted)
+        grown = min(pool.count, paid + left)
+        if grown > pool.granted:
+            left = max(left - (_cost(pool, grown) - paid), 0)
+            pool.granted = grown
+
+
 def build_pools(
     capacities: Iterable[PoolCapacity],
     config: InventoryConfig,
@@ -334,44 +381,48 @@ def build_pools(
         )
     )
     clamps = _Clamps()
-    budget = config.max_devices
-    pools: list[DesiredPool] = []
+    chosen: list[_Chosen] = []
+    publishing = 0
     for name, capacity in named:
         if name in skip_pools:
             continue
-        zone_label, type_label = zone_labels[capacity.zone_name], type_labels[capacity.model_key]
         pinned = allocated_devices.get(name, ())
-        if config.max_pools is not None and len(pools) >= config.max_pools and not pinned:
+        if config.max_pools is not None and publishing >= config.max_pools and not pinned:
             clamps.pools_dropped.append(name)
             continue
         count = capacity.published
         if config.max_devices_per_pool is not None and count > config.max_devices_per_pool:
             clamps.per_pool.append(f"{name} {count}->{config.max_devices_per_pool}")
             count = config.max_devices_per_pool
-        if budget is not None and count > budget:
-            clamps.total.append(f"{name} {count}->{budget}")
-            count = budget
         if capacity.clamped_hosts:
             clamps.hosts.append(f"{name} ({capacity.clamped_hosts})")
-        devices = stable_device_names(type_label, count, current_devices.get(name, ()), pinned)
-        if budget is not None:
-            budget = max(budget - len(devices), 0)
+        type_label = type_labels[capacity.model_key]
+        current = current_devices.get(name, ())
+        chosen.append(_Chosen(name, capacity, type_label, count, current, pinned))
+        publishing += 1 if count or pinned else 0
+    _share_the_total(chosen, config.max_devices)
+    pools: list[DesiredPool] = []
+    for c in chosen:
+        if c.granted < c.count:
+            clamps.total.append(f"{c.name} {c.count}->{c.granted}")
+        devices = stable_device_names(c.type_label, c.granted, c.current, c.pinned)
         if not devices:
             continue
+        zone_label = zone_labels[c.capacity.zone_name]
         pools.append(
             DesiredPool(
-                name=name,
-                zone_name=capacity.zone_name,
+                name=c.name,
+                zone_name=c.capacity.zone_name,
                 zone_label=zone_label,
-                model=capacity.model,
-                type_label=type_label,
-                target=capacity.target,
-                physical=capacity.physical,
-                live_client_gpus=capacity.live_client_gpus,
+                model=c.capacity.model,
+                type_label=c.type_label,
+                target=c.capacity.target,
+                physical=c.capacity.physical,
+                live_client_gpus=c.capacity.live_client_gpus,
                 driver_name=config.driver_name,
                 node_selector=node_selector,
                 owner=config.owner,
-                slices=_slices(zone_label, type_label, devices, config),
+                slices=_slices(zone_label, c.type_label, devices, config),
             )
         )
     pools.sort(key=lambda pool: pool.name)

@@ -369,6 +369,25 @@ def test_limits_serve_pools_with_claims_then_published_ones_then_by_name() -> No
     assert any("maxDevices=7: b/l4 5->2" in line for line in layout.clamps)
 
 
+def test_a_pool_keeps_its_devices_under_the_total_limit_when_an_earlier_pool_grows() -> None:
+    # Found by the pass-after-pass property: b was published, a was not. The first pass
+    # serves b first and gives a what is left; from the second on both are published and
+    # served by name, so a took b's devices and every pass after a shrink rewrote both.
+    capacities = [
+        PoolCapacity("a", "L4", 8, Decimal(1), TargetSource.UNSET, 0, 8, ("a",)),
+        PoolCapacity("b", "L4", 8, Decimal(1), TargetSource.UNSET, 0, 8, ("b",)),
+    ]
+    config = InventoryConfig(max_devices=10)
+    current: dict[str, frozenset[str]] = {"b/l4": frozenset(f"l4-{i}" for i in range(8))}
+    sizes = []
+    for _ in range(3):
+        layout = build_pools(capacities, config, current_devices=current)
+        current = {pool.name: frozenset(pool.devices) for pool in layout.pools}
+        sizes.append({name: len(devices) for name, devices in current.items()})
+    assert sizes == [{"a/l4": 2, "b/l4": 8}] * 3
+    assert layout.clamps == ("1 pools clamped to stay within maxDevices=10: a/l4 8->2",)
+
+
 def test_allocated_devices_are_kept_whatever_the_count() -> None:
     names = stable_device_names("a6000", 0, ["a6000-0", "a6000-5"], ["a6000-5", "a6000-9"])
     assert names == ("a6000-5", "a6000-9")
