@@ -316,7 +316,7 @@ def _share_the_total(pools: Sequence[_Chosen], max_devices: int | None) -> None:
     a layout is its own fixed point: the same answer against what the last pass
     published grants the same counts, wherever the order puts pools published since.
     """
-    if max_devices is None:
+    if max_devices is None or sum(_cost(pool, pool.count) for pool in pools) <= max_devices:
         for pool in pools:
             pool.granted = pool.count
         return
