@@ -300,12 +300,20 @@ class _Chosen:
     current: Collection[str]
     pinned: Collection[str]
     granted: int = 0
+    pinned_count: int = field(init=False)
+    """The allocated devices this pool's model produces: published whatever the count."""
+
+    def __post_init__(self) -> None:
+        self.pinned_count = _own_names(self.type_label, self.pinned)
+
+    def cost(self, count: int) -> int:
+        """The devices `count` publishes (see `stable_device_names`)."""
+        return max(count, self.pinned_count)
 
 
-def _cost(pool: _Chosen, count: int) -> int:
-    """The devices `count` publishes: the allocated ones are published whatever the count."""
-    pinned = sum(1 for n in pool.pinned if naming.device_index(pool.type_label, n) is not None)
-    return max(count, pinned)
+def _own_names(type_label: str, names: Collection[str]) -> int:
+    """How many of `names` this pool's model produces (the others are dropped)."""
+    return sum(1 for n in names if naming.device_index(type_label, n) is not None)
 
 
 def _share_the_total(pools: Sequence[_Chosen], max_devices: int | None) -> None:
@@ -316,20 +324,19 @@ def _share_the_total(pools: Sequence[_Chosen], max_devices: int | None) -> None:
     a layout is its own fixed point: the same answer against what the last pass
     published grants the same counts, wherever the order puts pools published since.
     """
-    if max_devices is None or sum(_cost(pool, pool.count) for pool in pools) <= max_devices:
+    if max_devices is None or sum(pool.cost(pool.count) for pool in pools) <= max_devices:
         for pool in pools:
             pool.granted = pool.count
         return
     left = max_devices
     for pool in pools:
-        keep = sum(1 for n in pool.current if naming.device_index(pool.type_label, n) is not None)
-        pool.granted = min(pool.count, keep, left)
-        left = max(left - _cost(pool, pool.granted), 0)
+        pool.granted = min(pool.count, _own_names(pool.type_label, pool.current), left)
+        left = max(left - pool.cost(pool.granted), 0)
     for pool in pools:
-        paid = _cost(pool, pool.granted)
+        paid = pool.cost(pool.granted)
         grown = min(pool.count, paid + left)
         if grown > pool.granted:
-            left = max(left - (_cost(pool, grown) - paid), 0)
+            left = max(left - (pool.cost(grown) - paid), 0)
             pool.granted = grown
 
 
