@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import os
 import platform
 import shutil
@@ -51,6 +50,7 @@ from hack.cluster import Cluster, ClusterConfig, free_port
 from hack.cluster.nodes import create_node
 from hack.fake_host import BIN_DIR, STATE_ENV
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
+from hack.tied import start_tied
 from thunder_dra.controllers.capacity import PoolCapacity, TargetSource
 from thunder_dra.controllers.slices import InventoryConfig, build_pools
 from thunder_dra.proto_gen import dra_v1_pb2, dra_v1_pb2_grpc
@@ -63,10 +63,6 @@ TARGET_P50_MS = 15.0
 TARGET_P99_MS = 60.0
 TARGET_IDLE_RSS_MIB = 100.0
 COMMAND = "python -m bench.daemon_prepare --write-docs"
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -257,14 +253,13 @@ class Environment:
             "KUBECONFIG": str(self.cluster.kubeconfig),
         }
         log = (self.root / "daemon.log").open("ab")
-        self.daemon = subprocess.Popen(
+        self.daemon = start_tied(
             args,
             cwd=REPO,
             env=env,
             stdout=log,
             stderr=log,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

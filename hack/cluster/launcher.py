@@ -9,7 +9,6 @@ daemons beside them.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import random
@@ -30,6 +29,7 @@ from typing import Any
 import yaml
 
 from hack.cluster.pki import CertificateAuthority, KeyPair, service_account_key
+from hack.tied import tied
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-tools.sh"
@@ -120,12 +120,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    # PR_SET_PDEATHSIG: if the test run is killed outright, its control plane goes too.
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)
 
 
 @dataclass
@@ -451,13 +445,15 @@ class Cluster:
     def _spawn(self, name: str, args: list[str], binary: Path | None = None) -> None:
         log = self.workdir / f"{name}.log"
         with log.open("ab") as out:
+            command = [str(binary or self.bin_dir / name), *args]
+            # Tied to this run unless asked otherwise: if the test run is killed
+            # outright, its control plane goes too.
             popen = subprocess.Popen(
-                [str(binary or self.bin_dir / name), *args],
+                tied(command, "TERM") if self.tie_to_parent else command,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if self.tie_to_parent else None,
             )
         self._procs.append(_Proc(name, popen, log))
 

@@ -46,6 +46,7 @@ from typing import Any
 import yaml
 
 from hack.cluster.launcher import Cluster, ClusterConfig, free_port
+from hack.tied import start_tied
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-node-tools.sh"
@@ -242,11 +243,6 @@ class _Proc:
     # The process itself when popen is the nsenter that started it in the node's
     # namespaces (nsenter forwards no signal), else popen's.
     target: int = 0
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)
 
 
 def _run(argv: list[str], *, check: bool = True, timeout: float = 120) -> str:
@@ -748,13 +744,14 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
         if inside:
             argv = ["nsenter", f"--target={self.init_pid}", "--pid", "--mount", "--", *argv]
         with log.open("ab") as out:
-            popen = subprocess.Popen(
+            # SIGTERM when this run ends, so the node's processes stop cleanly.
+            popen = start_tied(
                 argv,
+                signal="TERM",
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
                 env={**os.environ, **(env or {})},
             )
         proc = _Proc(name, popen, log)

@@ -10,7 +10,6 @@ publish for it, built with the operator's own builders.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -36,6 +35,7 @@ from hack.fake_host import BIN_DIR, STATE_ENV, FakeHost
 from hack.fake_thunder import FakeThunderProcess
 from hack.testbed.kube import Kube, wait_for
 from hack.testbed.kubelet import KubeletStandIn
+from hack.tied import start_tied
 from thunder_dra.controllers.capacity import PoolCapacity, TargetSource
 from thunder_dra.controllers.deviceclasses import build_device_classes
 from thunder_dra.controllers.slices import InventoryConfig, build_pools
@@ -47,11 +47,6 @@ API_TOKEN = "tcapi_daemon_it_Secret-API-token-7f3a"
 RESOURCE = "resource.k8s.io/v1"
 CLIENT_API = "thundercompute.com/v1alpha1"
 TELEMETRY_URL = "https://telemetry.example.test:2096"
-
-
-def _die_with_parent() -> None:
-    # PR_SET_PDEATHSIG: a test run killed outright takes its daemons along.
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
 @dataclass
@@ -227,14 +222,14 @@ class DaemonProcess:
             command = [sys.executable, "-m", "hack.daemon_under_test", "--crash-at", crash_at]
             command += self.args()[3:]
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
+            # Tied to this run: a test run killed outright takes its daemons along.
+            self.process = start_tied(
                 command,
                 cwd=REPO,
                 env=env,
                 stdout=log,
                 stderr=log,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
             )
         self.starts += 1
         return self
@@ -297,7 +292,8 @@ class DaemonProcess:
     def wait_serving(self, timeout: float = 60.0) -> None:
         def up() -> bool:
             if not self.running():
-                raise AssertionError(f"daemon exited:\n{self.log_text()[-4000:]}")
+                code = self.process.returncode if self.process else None
+                raise AssertionError(f"daemon exited ({code}):\n{self.log_text()[-4000:]}")
             return self.http("/healthz")[0] == 200
 
         wait_for(up, f"daemon on {self.node} to serve", timeout=timeout)

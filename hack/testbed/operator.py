@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -36,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hack.cluster import Cluster, ClusterConfig, free_port
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
 from hack.testbed.kube import Kube, wait_for
+from hack.tied import start_tied
 
 REPO = Path(__file__).resolve().parents[2]
 API_TOKEN = "tcapi_op_Operator-Test-Secret-Token-7f3a"
@@ -49,12 +49,6 @@ RECONCILE_ANNOTATION = "thundercompute.com/reconcile-requested"
 OPERATOR_AGENT = "thunder-device-plugin/"
 PASS_END_MESSAGES = (b'"message":"inventory pass done"', b'"message":"reconcile failed, retrying"')
 """The log records (JSON format) that end a reconcile cycle, whatever its outcome."""
-
-
-def _die_with_parent() -> None:
-    # PR_SET_PDEATHSIG: if the test run is killed outright, the operator goes too.
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)
 
 
 class OperatorProcess:
@@ -104,20 +98,22 @@ class OperatorProcess:
             *extra_args,
         ]
         with self.log_path.open("ab") as log:
-            self.popen = subprocess.Popen(
+            # Tied to this run: if the test run is killed outright, the operator goes too.
+            self.popen = start_tied(
                 command,
+                signal="TERM",
                 cwd=REPO,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
             )
         wait_for(self._ready, "the operator's /readyz", timeout=60)
 
     def _ready(self) -> bool:
         if self.popen is not None and self.popen.poll() is not None:
-            raise AssertionError(f"the operator exited: {self.log_text()[-3000:]}")
+            code = self.popen.returncode
+            raise AssertionError(f"the operator exited ({code}): {self.log_text()[-3000:]}")
         try:
             with urllib.request.urlopen(
                 f"http://127.0.0.1:{self.health_port}/readyz", timeout=2

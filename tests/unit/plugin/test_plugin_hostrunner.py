@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.forkhandlers import run_where_forked_children_abort
 from thunder_dra.plugin.node import hostrunner as hr
 
 SECRET = "tr_server_token_0123456789"
@@ -143,3 +144,18 @@ async def test_host_namespace_runner_wraps_with_nsenter_and_drops_daemon_env(
 async def test_empty_command_is_an_error() -> None:
     with pytest.raises(hr.HostCommandError):
         await hr.LocalRunner().run([])
+
+
+def test_host_commands_start_without_the_daemons_fork_handlers() -> None:
+    # The daemon serves gRPC while it runs host commands: a command started by fork()
+    # would run gRPC's child-side fork handler, which can abort it before it execs.
+    result = run_where_forked_children_abort(
+        """
+        import asyncio, json
+        from thunder_dra.plugin.node.hostrunner import LocalRunner
+
+        done = asyncio.run(LocalRunner().run(["sh", "-c", "echo ran"]))
+        print(json.dumps([done.returncode, done.stdout]))
+        """
+    )
+    assert result == [0, "ran\n"]
