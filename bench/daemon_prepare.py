@@ -51,8 +51,8 @@ from hack.cluster.nodes import create_node
 from hack.fake_host import BIN_DIR, STATE_ENV
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
 from hack.tied import start_tied
-from thunder_dra.controllers.capacity import PoolCapacity, TargetSource
-from thunder_dra.controllers.slices import InventoryConfig, build_pools
+from thunder_dra.controllers.inventory.capacity import PoolCapacity, TargetSource
+from thunder_dra.controllers.inventory.slices import InventoryConfig, build_pools
 from thunder_dra.proto_gen import dra_v1_pb2, dra_v1_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Final
 
-from thunder_dra.controllers.capacity import PoolCapacity, TargetSource
-from thunder_dra.controllers.deviceclasses import DesiredDeviceClass, build_device_classes
-from thunder_dra.controllers.slices import DesiredPool, InventoryConfig, build_pools
+from thunder_dra.controllers.inventory.capacity import PoolCapacity, TargetSource
+from thunder_dra.controllers.inventory.classes import DesiredDeviceClass, build_device_classes
+from thunder_dra.controllers.inventory.slices import DesiredPool, InventoryConfig, build_pools
 from thunder_dra.kube import naming
 
 MODELS: Final = ("A6000", "H100", "L4", "A100", "RTX4090", "B200", "L40S", "H200")

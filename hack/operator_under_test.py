@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from thunder_dra.api.duration import parse_duration
 from thunder_dra.controllers.__main__ import main
-from thunder_dra.controllers.options import OperatorOptions, parse_options
+from thunder_dra.controllers.process.options import OperatorOptions, parse_options
 
 
 def parse(argv: Sequence[str]) -> OperatorOptions:

@@ -36,9 +36,9 @@ from hack.fake_thunder import FakeThunderProcess
 from hack.testbed.kube import Kube, wait_for
 from hack.testbed.kubelet import KubeletStandIn
 from hack.tied import start_tied
-from thunder_dra.controllers.capacity import PoolCapacity, TargetSource
-from thunder_dra.controllers.deviceclasses import build_device_classes
-from thunder_dra.controllers.slices import InventoryConfig, build_pools
+from thunder_dra.controllers.inventory.capacity import PoolCapacity, TargetSource
+from thunder_dra.controllers.inventory.classes import build_device_classes
+from thunder_dra.controllers.inventory.slices import InventoryConfig, build_pools
 from thunder_dra.proto_gen import dra_v1_pb2, dra_v1_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,40 +1,15 @@
-"""The operator: Thunder inventory into ResourceSlices and DeviceClasses, and the Client reaper.
+"""The operator: Thunder inventory into ResourceSlices and DeviceClasses, the node
+daemon's DaemonSet, and the Client reaper.
 
-The pure planning layer (no Kubernetes or Thunder calls) is re-exported here.
+Layered by concern, each layer importing only those below it:
+
+- ``process``: the operator process (flags, kopf handlers, leader election, the
+  reconcile loop of a ThunderCluster while this replica leads, admission policies);
+- ``inventory`` (one pass from Thunder's answer to published objects), ``workload``
+  (the daemon DaemonSet) and ``reaper`` (orphaned Client enrollments);
+- ``shared``: what several concerns use: the Thunder client built from the token
+  Secret, the listings of published objects and claims, Events, the ThunderCluster
+  status and the operator's metrics.
+
+``docs/development.md`` has the module map.
 """
-
-from thunder_dra.controllers.capacity import (
-    ClientInventory,
-    HostInventory,
-    OversubscriptionTargets,
-    PoolCapacity,
-    ZoneInventory,
-    compute_capacity,
-)
-from thunder_dra.controllers.deviceclasses import DesiredDeviceClass, build_device_classes
-from thunder_dra.controllers.diff import InventoryPlan, plan_inventory
-from thunder_dra.controllers.slices import (
-    DesiredPool,
-    InventoryConfig,
-    OwnerReference,
-    build_pools,
-    published_devices,
-)
-
-__all__ = [
-    "ClientInventory",
-    "DesiredDeviceClass",
-    "DesiredPool",
-    "HostInventory",
-    "InventoryConfig",
-    "InventoryPlan",
-    "OversubscriptionTargets",
-    "OwnerReference",
-    "PoolCapacity",
-    "ZoneInventory",
-    "build_device_classes",
-    "build_pools",
-    "compute_capacity",
-    "plan_inventory",
-    "published_devices",
-]

@@ -10,7 +10,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from thunder_dra.controllers.options import OperatorOptions, parse_options
+from thunder_dra.controllers.process.options import OperatorOptions, parse_options
 from thunder_dra.process.logs import configure_logging
 
 
@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None, *, options: OperatorOptions | None =
     options = options if options is not None else parse_options(argv)
     configure_logging(options.log_level, options.log_format)
     # Imported after logging is set up: kopf and the client log while importing.
-    from thunder_dra.controllers.operator import run_operator
+    from thunder_dra.controllers.process.main import run_operator
 
     logging.getLogger(__name__).info(
         "starting the operator",

@@ -22,7 +22,7 @@ the install namespace. :func:`policies` builds them for one :class:`Identity`; t
 template and the kustomize files are generated from it with placeholders
 (``python -m thunder_dra.kube.admissionpolicy``, a unit test checks the drift), and an
 operator started with ``--apply-admission-policies`` (the OLM bundle, which cannot ship
-policies) applies them for its own namespace (``thunder_dra.controllers.admissionpolicy``).
+policies) applies them for its own namespace (``thunder_dra.controllers.process.policies``).
 
 Admission cannot read other objects, so "a claim allocated on this node" is checked as
 far as the request shows it: the Secret's name, its owner (the claim of that name, with

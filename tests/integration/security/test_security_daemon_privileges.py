@@ -40,7 +40,7 @@ from hack.testbed.daemon import (
     ZonePool,
 )
 from hack.testbed.kube import Kube, wait_for
-from thunder_dra.controllers.admissionpolicy import apply_policies, operator_identity, rendered
+from thunder_dra.controllers.process.policies import apply_policies, operator_identity, rendered
 from thunder_dra.kube.admissionpolicy import SUFFIXES
 from thunder_dra.kube.provenance import ProvenanceKey
 from thunder_dra.kube.transport import build_client

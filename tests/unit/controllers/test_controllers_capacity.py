@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thunder_dra.controllers.capacity import (
+from thunder_dra.controllers.inventory.capacity import (
     MAX_TARGET,
     ClientInventory,
     HostInventory,

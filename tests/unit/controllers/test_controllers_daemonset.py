@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from thunder_dra.api.thundercluster import ThunderClusterSpec
-from thunder_dra.controllers.daemonset import (
+from thunder_dra.controllers.workload.daemonset import (
     DaemonSetOwner,
     contains,
     readiness,

@@ -12,11 +12,11 @@ import pytest
 
 from tests.unit.packaging.chartkit import render
 from thunder_dra.api.thundercluster import ThunderCluster
-from thunder_dra.controllers.daemonset import DAEMONSET_NAME
-from thunder_dra.controllers.events import EventRecorder
-from thunder_dra.controllers.operator import Operator
-from thunder_dra.controllers.options import parse_options
-from thunder_dra.controllers.runtime import ClusterLoop
+from thunder_dra.controllers.process.loop import ClusterLoop
+from thunder_dra.controllers.process.main import Operator
+from thunder_dra.controllers.process.options import parse_options
+from thunder_dra.controllers.shared.events import EventRecorder
+from thunder_dra.controllers.workload.daemonset import DAEMONSET_NAME
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.resources import DAEMON_SETS
 from thunder_dra.kube.testing import FakeKube

@@ -7,13 +7,13 @@ from decimal import Decimal
 
 import pytest
 
-from thunder_dra.controllers.capacity import PoolCapacity, TargetSource
-from thunder_dra.controllers.deviceclasses import (
+from thunder_dra.controllers.inventory.capacity import PoolCapacity, TargetSource
+from thunder_dra.controllers.inventory.classes import (
     build_device_classes,
     extended_resource_name_dropped,
     selector_expression,
 )
-from thunder_dra.controllers.slices import InventoryConfig, build_pools
+from thunder_dra.controllers.inventory.slices import InventoryConfig, build_pools
 from thunder_dra.kube import naming
 
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thunder_dra.controllers.capacity import PoolCapacity, TargetSource
-from thunder_dra.controllers.deviceclasses import build_device_classes
-from thunder_dra.controllers.diff import (
+from thunder_dra.controllers.inventory.capacity import PoolCapacity, TargetSource
+from thunder_dra.controllers.inventory.classes import build_device_classes
+from thunder_dra.controllers.inventory.plan import (
     Action,
     Create,
     Delete,
@@ -27,7 +27,7 @@ from thunder_dra.controllers.diff import (
     prune,
     same_when_pruned,
 )
-from thunder_dra.controllers.slices import (
+from thunder_dra.controllers.inventory.slices import (
     InventoryConfig,
     OwnerReference,
     build_pools,

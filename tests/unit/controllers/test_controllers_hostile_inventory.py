@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from tests.unit.controllers.test_controllers_diff import FakeApiServer
 from thunder_dra.api import syntax
 from thunder_dra.api.thundercluster import InventoryProtectionSpec
-from thunder_dra.controllers.capacity import (
+from thunder_dra.controllers.inventory.capacity import (
     ClientInventory,
     HostInventory,
     OversubscriptionTargets,
@@ -35,18 +35,18 @@ from thunder_dra.controllers.capacity import (
     ZoneInventory,
     compute_capacity,
 )
-from thunder_dra.controllers.deviceclasses import build_device_classes
-from thunder_dra.controllers.diff import plan_inventory
-from thunder_dra.controllers.inventory import plan_layout
-from thunder_dra.controllers.shrinkguard import GuardDecision, PublishedPool, judge
-from thunder_dra.controllers.slices import (
+from thunder_dra.controllers.inventory.classes import build_device_classes
+from thunder_dra.controllers.inventory.guard import GuardDecision, PublishedPool, judge
+from thunder_dra.controllers.inventory.plan import plan_inventory
+from thunder_dra.controllers.inventory.reconciler import plan_layout
+from thunder_dra.controllers.inventory.slices import (
     InventoryConfig,
     OwnerReference,
     build_pools,
     published_devices,
     stable_device_names,
 )
-from thunder_dra.controllers.thunderread import ThunderInventory
+from thunder_dra.controllers.inventory.thunder import ThunderInventory
 from thunder_dra.kube import naming
 from thunder_dra.thunder.models import ClientRecord, Host
 from thunder_dra.thunder.targets import OversubscriptionTargets as WireTargets

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from thunder_dra.controllers.leader import (
+from thunder_dra.controllers.process.leader import (
     LeaderElector,
     LeaseConflict,
     LeaseRecord,
     LeaseUnavailable,
     candidate_identity,
 )
-from thunder_dra.controllers.options import ElectionTimings, parse_options
+from thunder_dra.controllers.process.options import ElectionTimings, parse_options
 
 pytestmark = pytest.mark.unit
 

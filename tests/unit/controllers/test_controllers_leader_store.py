@@ -8,15 +8,15 @@ import asyncio
 
 import pytest
 
-from thunder_dra.controllers.leader import (
+from thunder_dra.controllers.process.leader import (
     KubeLeaseStore,
     LeaderElector,
     LeaseConflict,
     LeaseRecord,
     LeaseUnavailable,
 )
-from thunder_dra.controllers.operator import Operator
-from thunder_dra.controllers.options import ElectionTimings, parse_options
+from thunder_dra.controllers.process.main import Operator
+from thunder_dra.controllers.process.options import ElectionTimings, parse_options
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.resources import LEASES, SECRETS
 from thunder_dra.kube.testing import FakeKube

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hack import operator_under_test
-from thunder_dra.controllers.options import ElectionTimings, parse_options
+from thunder_dra.controllers.process.options import ElectionTimings, parse_options
 
 
 def test_defaults() -> None:

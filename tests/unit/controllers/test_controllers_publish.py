@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 
 from tests.unit.controllers.test_controllers_diff import CONFIG, FakeApiServer, capacity, sync
-from thunder_dra.controllers.capacity import PoolCapacity
-from thunder_dra.controllers.deviceclasses import build_device_classes
-from thunder_dra.controllers.diff import Action, Delete, plan_inventory
-from thunder_dra.controllers.listing import LeanSliceSpec, lean_slice
-from thunder_dra.controllers.publish import (
+from thunder_dra.controllers.inventory.capacity import PoolCapacity
+from thunder_dra.controllers.inventory.classes import build_device_classes
+from thunder_dra.controllers.inventory.plan import Action, Delete, plan_inventory
+from thunder_dra.controllers.inventory.publish import (
     batches,
     group_by_pool,
     plan_outside_batches,
     plan_steps,
 )
-from thunder_dra.controllers.slices import build_pools, published_devices
+from thunder_dra.controllers.inventory.slices import build_pools, published_devices
+from thunder_dra.controllers.shared.objects import LeanSliceSpec, lean_slice
 
 
 def _key(action: Action) -> tuple[str, str, str, str]:
@@ -116,7 +116,7 @@ def test_lean_slice_spec_reads_like_the_original() -> None:
 
 
 def test_matching_with_identical_specs_still_checks_the_owned_metadata() -> None:
-    from thunder_dra.controllers.diff import SLICE_SPEC_KEYS, matches, owned_view
+    from thunder_dra.controllers.inventory.plan import SLICE_SPEC_KEYS, matches, owned_view
 
     (pool,) = build_pools([capacity("us-east", "A6000", 4)], CONFIG).pools
     desired = pool.manifest(pool.slices[0], 1)

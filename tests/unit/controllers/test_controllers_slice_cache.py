@@ -14,12 +14,17 @@ from typing import Any
 import pytest
 
 from tests.unit.controllers.test_controllers_diff import CONFIG, capacity
-from thunder_dra.controllers import diff, publish
-from thunder_dra.controllers.capacity import PoolCapacity
-from thunder_dra.controllers.deviceclasses import build_device_classes
-from thunder_dra.controllers.listing import SliceCache, list_device_classes, list_inventory_slices
-from thunder_dra.controllers.publish import Publisher, PublishOutcome
-from thunder_dra.controllers.slices import build_pools, published_devices
+from thunder_dra.controllers.inventory import plan as diff
+from thunder_dra.controllers.inventory import publish
+from thunder_dra.controllers.inventory.capacity import PoolCapacity
+from thunder_dra.controllers.inventory.classes import build_device_classes
+from thunder_dra.controllers.inventory.publish import Publisher, PublishOutcome
+from thunder_dra.controllers.inventory.slices import build_pools, published_devices
+from thunder_dra.controllers.shared.objects import (
+    SliceCache,
+    list_device_classes,
+    list_inventory_slices,
+)
 from thunder_dra.kube.client import METADATA_ONLY, KubeClient
 from thunder_dra.kube.resources import RESOURCE_SLICES
 from thunder_dra.kube.testing import FakeKube

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thunder_dra.api import ThunderClusterSpec, syntax
-from thunder_dra.controllers.capacity import PoolCapacity, TargetSource
-from thunder_dra.controllers.slices import (
+from thunder_dra.controllers.inventory.capacity import PoolCapacity, TargetSource
+from thunder_dra.controllers.inventory.slices import (
     InventoryConfig,
     build_pools,
     published_devices,

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from thunder_dra.api.base import find_condition
 from thunder_dra.api.thundercluster import PoolStatus
-from thunder_dra.controllers.status import (
+from thunder_dra.controllers.shared.status import (
     LAST_SYNC_REFRESH,
     ConditionState,
     Observation,

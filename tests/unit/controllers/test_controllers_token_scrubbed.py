@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from thunder_dra.controllers.thunderaccess import ThunderClients
+from thunder_dra.controllers.shared.thunderapi import ThunderClients
 from thunder_dra.process.logs import SECRETS
 from thunder_dra.thunder import MASK, Secret
 

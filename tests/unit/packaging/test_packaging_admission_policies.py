@@ -10,7 +10,7 @@ import pytest
 
 from hack import bundle
 from tests.unit.packaging.chartkit import REPO, Manifests, kustomize, render
-from thunder_dra.controllers.admissionpolicy import operator_identity, rendered
+from thunder_dra.controllers.process.policies import operator_identity, rendered
 from thunder_dra.kube import admissionpolicy
 
 KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
@@ -124,7 +124,7 @@ def test_the_bundle_has_the_operator_apply_the_policies(csv: dict[str, Any]) -> 
 
 
 def test_the_operator_applies_policies_only_when_told() -> None:
-    from thunder_dra.controllers.options import parse_options
+    from thunder_dra.controllers.process.options import parse_options
 
     assert not parse_options([], environ={}).apply_admission_policies
     told = parse_options([], environ={"THUNDER_APPLY_ADMISSION_POLICIES": "1"})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.packaging.chartkit import REPO, RenderError, env_of, kustomize, render
-from thunder_dra.controllers.options import ElectionTimings, parse_options
+from thunder_dra.controllers.process.options import ElectionTimings, parse_options
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 import thunder_dra
-from thunder_dra.controllers.metrics import OperatorMetrics
+from thunder_dra.controllers.shared.metrics import OperatorMetrics
 from thunder_dra.plugin.metrics import DaemonMetrics
 from thunder_dra.process.metrics import (
     NAME_PATTERN,

@@ -5,7 +5,7 @@ The allocation names devices by driver, pool and device only. Pools are named
 ``<zone label>/<type label>`` (normalised DNS labels), so Thunder's own spelling of the
 zone and the model cannot be read back from the name (thunder-api.md 7.5). The daemon
 reads it from the pool's ResourceSlices, as the operator publishes them
-(``thunder_dra.controllers.slices``): the slice annotations
+(``thunder_dra.controllers.inventory.slices``): the slice annotations
 ``thundercompute.com/thunder-zone`` and ``thundercompute.com/thunder-gpu-type`` carry the
 exact spellings (the device attributes ``thundercompute.com/zone`` and
 ``thundercompute.com/gpu_type`` are the fallback). Slices are selected by driver and

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from opentelemetry import trace
 
-from thunder_dra.controllers.capacity import (
+from thunder_dra.controllers.inventory.capacity import (
     ClientInventory,
     HostInventory,
     OversubscriptionTargets,

@@ -24,7 +24,7 @@ from typing import Final
 
 from thunder_dra.api import syntax
 from thunder_dra.api.duration import parse_duration
-from thunder_dra.controllers.daemontracing import (
+from thunder_dra.controllers.workload.tracing import (
     DEFAULT_HEADERS_KEY,
     NO_TRACING,
     DaemonTracing,

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from thunder_dra.controllers.slices import (
+from thunder_dra.controllers.inventory.slices import (
     RESOURCE_API_VERSION,
     DesiredPool,
     InventoryConfig,

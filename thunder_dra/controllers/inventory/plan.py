@@ -34,8 +34,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from thunder_dra.controllers.deviceclasses import DesiredDeviceClass, is_thunder_device_class
-from thunder_dra.controllers.slices import DesiredPool, is_inventory_slice
+from thunder_dra.controllers.inventory.classes import DesiredDeviceClass, is_thunder_device_class
+from thunder_dra.controllers.inventory.slices import DesiredPool, is_inventory_slice
 from thunder_dra.kube import naming
 
 SLICE_SPEC_KEYS: Final = (

@@ -43,8 +43,8 @@ from typing import Any, Final
 
 from thunder_dra.api import syntax
 from thunder_dra.api.thundercluster import PoolStatus, ThunderClusterSpec
-from thunder_dra.controllers.capacity import PoolCapacity, format_target
-from thunder_dra.controllers.listing import LeanSliceSpec
+from thunder_dra.controllers.inventory.capacity import PoolCapacity, format_target
+from thunder_dra.controllers.shared.objects import LeanSliceSpec
 from thunder_dra.kube import naming
 
 MAX_DEVICES_PER_SLICE: Final = 128

@@ -34,17 +34,22 @@ from typing import Any, Final
 import kopf
 
 from thunder_dra.api.constants import CLIENT_PLURAL, GROUP, THUNDER_CLUSTER_PLURAL, VERSION
-from thunder_dra.controllers.admissionpolicy import apply_policies, operator_identity
-from thunder_dra.controllers.events import EventRecorder
-from thunder_dra.controllers.inventory import InventoryReconciler
-from thunder_dra.controllers.leader import KubeLeaseStore, LeaderElector, Term, candidate_identity
-from thunder_dra.controllers.listing import DEVICE_CLASS_SELECTOR, INVENTORY_SELECTOR
-from thunder_dra.controllers.metrics import OperatorMetrics
-from thunder_dra.controllers.options import OperatorOptions
-from thunder_dra.controllers.publish import Publisher
+from thunder_dra.controllers.inventory.publish import Publisher
+from thunder_dra.controllers.inventory.reconciler import InventoryReconciler
+from thunder_dra.controllers.process.leader import (
+    KubeLeaseStore,
+    LeaderElector,
+    Term,
+    candidate_identity,
+)
+from thunder_dra.controllers.process.loop import ClusterLoop, Services
+from thunder_dra.controllers.process.options import OperatorOptions
+from thunder_dra.controllers.process.policies import apply_policies, operator_identity
 from thunder_dra.controllers.reaper import Reaper
-from thunder_dra.controllers.runtime import ClusterLoop, Services
-from thunder_dra.controllers.thunderaccess import ThunderClients
+from thunder_dra.controllers.shared.events import EventRecorder
+from thunder_dra.controllers.shared.metrics import OperatorMetrics
+from thunder_dra.controllers.shared.objects import DEVICE_CLASS_SELECTOR, INVENTORY_SELECTOR
+from thunder_dra.controllers.shared.thunderapi import ThunderClients
 from thunder_dra.kube.resources import DEVICE_CLASSES, RESOURCE_SLICES, THUNDER_CLUSTERS
 from thunder_dra.kube.transport import build_client, load_configuration
 from thunder_dra.process.health import HealthServer

@@ -37,7 +37,7 @@ from typing import Any, Final
 
 from thunder_dra.api.constants import API_VERSION, DOMAIN, THUNDER_CLUSTER_KIND
 from thunder_dra.api.thundercluster import ThunderClusterSpec
-from thunder_dra.controllers.daemontracing import NO_TRACING, DaemonTracing
+from thunder_dra.controllers.workload.tracing import NO_TRACING, DaemonTracing
 from thunder_dra.kube import naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import NotFound

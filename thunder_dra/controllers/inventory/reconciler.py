@@ -31,14 +31,11 @@ from opentelemetry import trace
 
 from thunder_dra.api.constants import API_VERSION, THUNDER_CLUSTER_KIND
 from thunder_dra.api.thundercluster import InventoryProtectionSpec, PoolStatus, ThunderCluster
-from thunder_dra.controllers.capacity import PoolCapacity, compute_capacity
-from thunder_dra.controllers.deviceclasses import build_device_classes, selector_expression
-from thunder_dra.controllers.events import EventRecorder, ObjectRef
-from thunder_dra.controllers.listing import list_claims, list_device_classes
-from thunder_dra.controllers.metrics import OperatorMetrics
-from thunder_dra.controllers.publish import Publisher, PublishOutcome
-from thunder_dra.controllers.shrinkguard import GuardDecision, PublishedPool, judge
-from thunder_dra.controllers.slices import (
+from thunder_dra.controllers.inventory.capacity import PoolCapacity, compute_capacity
+from thunder_dra.controllers.inventory.classes import build_device_classes, selector_expression
+from thunder_dra.controllers.inventory.guard import GuardDecision, PublishedPool, judge
+from thunder_dra.controllers.inventory.publish import Publisher, PublishOutcome
+from thunder_dra.controllers.inventory.slices import (
     DesiredPool,
     InventoryConfig,
     InventoryLayout,
@@ -49,9 +46,12 @@ from thunder_dra.controllers.slices import (
     sample_slices,
     zone_of_slice,
 )
-from thunder_dra.controllers.status import ConditionState
-from thunder_dra.controllers.thunderaccess import ThunderClients, TokenUnavailable, read_token
-from thunder_dra.controllers.thunderread import ThunderInventory, read_inventory
+from thunder_dra.controllers.inventory.thunder import ThunderInventory, read_inventory
+from thunder_dra.controllers.shared.events import EventRecorder, ObjectRef
+from thunder_dra.controllers.shared.metrics import OperatorMetrics
+from thunder_dra.controllers.shared.objects import list_claims, list_device_classes
+from thunder_dra.controllers.shared.status import ConditionState
+from thunder_dra.controllers.shared.thunderapi import ThunderClients, TokenUnavailable, read_token
 from thunder_dra.kube import naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
-from thunder_dra.controllers.daemonset import contains
+from thunder_dra.controllers.workload.daemonset import contains
 from thunder_dra.kube import naming
 from thunder_dra.kube.admissionpolicy import (
     BINDING_KIND,

@@ -30,21 +30,21 @@ from pydantic import ValidationError
 from thunder_dra.api.client import ClientPhase
 from thunder_dra.api.constants import API_VERSION, DOMAIN, THUNDER_CLUSTER_KIND
 from thunder_dra.api.thundercluster import ThunderCluster, ThunderClusterStatus
-from thunder_dra.controllers import daemonset
-from thunder_dra.controllers.events import EventRecorder, ObjectRef
-from thunder_dra.controllers.inventory import InventoryReconciler, InventoryResult
-from thunder_dra.controllers.listing import list_claims
-from thunder_dra.controllers.metrics import OperatorMetrics
-from thunder_dra.controllers.options import OperatorOptions
+from thunder_dra.controllers.inventory.reconciler import InventoryReconciler, InventoryResult
+from thunder_dra.controllers.process.options import OperatorOptions
 from thunder_dra.controllers.reaper import Reaper
-from thunder_dra.controllers.status import (
+from thunder_dra.controllers.shared.events import EventRecorder, ObjectRef
+from thunder_dra.controllers.shared.metrics import OperatorMetrics
+from thunder_dra.controllers.shared.objects import list_claims
+from thunder_dra.controllers.shared.status import (
     ConditionState,
     Observation,
     build_status,
     status_patch,
     utcnow,
 )
-from thunder_dra.controllers.thunderaccess import ThunderClients, TokenUnavailable, read_token
+from thunder_dra.controllers.shared.thunderapi import ThunderClients, TokenUnavailable, read_token
+from thunder_dra.controllers.workload import daemonset
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.kube.provenance import ProvenanceKey

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
-from thunder_dra.controllers.options import ElectionTimings
+from thunder_dra.controllers.process.options import ElectionTimings
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import Conflict, KubeError
 from thunder_dra.kube.resources import LEASES

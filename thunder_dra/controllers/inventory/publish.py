@@ -34,11 +34,11 @@ from collections.abc import Awaitable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from thunder_dra.controllers.deviceclasses import (
+from thunder_dra.controllers.inventory.classes import (
     DesiredDeviceClass,
     extended_resource_name_dropped,
 )
-from thunder_dra.controllers.diff import (
+from thunder_dra.controllers.inventory.plan import (
     Action,
     Create,
     Delete,
@@ -47,8 +47,8 @@ from thunder_dra.controllers.diff import (
     plan_device_classes,
     plan_resource_slices,
 )
-from thunder_dra.controllers.listing import SliceCache
-from thunder_dra.controllers.slices import DesiredPool
+from thunder_dra.controllers.inventory.slices import DesiredPool
+from thunder_dra.controllers.shared.objects import SliceCache
 from thunder_dra.kube import naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import Conflict, KubeError, NotFound

@@ -1,0 +1,2 @@
+"""The node daemon's DaemonSet, rendered from the ThunderCluster and the operator's
+own settings."""
