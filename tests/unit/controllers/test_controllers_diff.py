@@ -20,10 +20,10 @@ from thunder_dra.controllers.inventory.plan import (
     Action,
     Create,
     Delete,
-    InventoryPlan,
+    PassPlan,
     Replace,
     Update,
-    plan_inventory,
+    plan_pass,
     prune,
     same_when_pruned,
 )
@@ -120,13 +120,13 @@ def plan(
     capacities: Iterable[PoolCapacity],
     config: InventoryConfig = CONFIG,
     **options: Any,
-) -> InventoryPlan:
+) -> PassPlan:
     existing_slices = server.list("ResourceSlice")
     pools = build_pools(
         capacities, config, current_devices=published_devices(existing_slices)
     ).pools
     classes = build_device_classes(pools, config)
-    return plan_inventory(pools, classes, existing_slices, server.list("DeviceClass"), **options)
+    return plan_pass(pools, classes, existing_slices, server.list("DeviceClass"), **options)
 
 
 def sync(
@@ -134,7 +134,7 @@ def sync(
     capacities: Sequence[PoolCapacity],
     config: InventoryConfig = CONFIG,
     **options: Any,
-) -> InventoryPlan:
+) -> PassPlan:
     result = plan(server, capacities, config, **options)
     server.apply(result.ordered())
     return result
@@ -178,7 +178,7 @@ def test_growing_one_pool_bumps_only_its_generation_once() -> None:
     before = {o["metadata"]["name"]: o for o in server.list("ResourceSlice")}
     grown = [capacity("us-east", "A6000", 6), capacity("us-east", "H100", 400), BASE[2]]
     result = sync(server, grown)
-    assert result.slices.changed_pools == {"us-east/h100"}
+    assert result.changed_pools == {"us-east/h100"}
     assert generations(server)["us-east/h100"] == {2}
     assert generations(server)["us-east/a6000"] == {1}
     after = {o["metadata"]["name"]: o for o in server.list("ResourceSlice")}
@@ -228,7 +228,7 @@ def test_unreadable_zones_keep_their_pools_and_classes() -> None:
     sync(server, BASE)
     result = plan(server, BASE[:2], unavailable_zones={"eu"})
     assert result.empty
-    assert result.slices.kept_pools == {"eu/l4"}
+    assert result.kept_pools == {"eu/l4"}
 
 
 def test_what_others_add_is_kept_and_causes_no_write() -> None:
@@ -288,7 +288,7 @@ def test_foreign_objects_are_left_alone() -> None:
         "metadata": {"name": "other-driver-slice", "labels": {}, "resourceVersion": "1"},
         "spec": {"driver": "gpu.example.com", "pool": {"name": "us-east/a6000"}},
     }
-    result = plan_inventory([], [], [foreign], [foreign])
+    result = plan_pass([], [], [foreign], [foreign])
     assert result.empty
     assert server.list("ResourceSlice") == []
 
@@ -331,7 +331,7 @@ def test_every_pass_converges_and_generations_move_once_per_change(
         assert plan(server, capacities).empty
         for pool, gens in after.items():
             assert len(gens) == 1
-            if pool in result.slices.changed_pools:
+            if pool in result.changed_pools:
                 assert gens == {max(before.get(pool, {0})) + 1}
             else:
                 assert gens == before[pool]
@@ -356,7 +356,7 @@ def test_plans_do_not_mutate_their_inputs(available: bool) -> None:
     sync(server, BASE)
     existing = server.list("ResourceSlice")
     snapshot = copy.deepcopy(existing)
-    plan_inventory([], [], existing, [], inventory_available=available)
+    plan_pass([], [], existing, [], inventory_available=available)
     assert existing == snapshot
 
 

@@ -37,7 +37,7 @@ from thunder_dra.controllers.inventory.capacity import (
 )
 from thunder_dra.controllers.inventory.classes import build_device_classes
 from thunder_dra.controllers.inventory.guard import GuardDecision, PublishedPool, judge
-from thunder_dra.controllers.inventory.plan import plan_inventory
+from thunder_dra.controllers.inventory.plan import plan_pass
 from thunder_dra.controllers.inventory.reconciler import plan_layout
 from thunder_dra.controllers.inventory.slices import (
     InventoryConfig,
@@ -141,7 +141,7 @@ class Cluster:
         self.streaks = planned.decision.streaks
         pools = planned.layout.pools
         classes = build_device_classes(pools, CONFIG)
-        plan = plan_inventory(
+        plan = plan_pass(
             pools,
             classes,
             slices,

@@ -1,5 +1,6 @@
-"""Batched planning makes exactly the plan `plan_inventory` makes, in the same phase order,
-and lean (compressed) listed slices plan exactly like full ones."""
+"""The one planner's plan does not depend on how it is batched or on lean listings: any
+batch budget, with listed slices full or lean (compressed), gives the same actions in the
+same phase order as one batch over the full objects."""
 
 from __future__ import annotations
 
@@ -12,15 +13,20 @@ import pytest
 from tests.unit.controllers.test_controllers_diff import CONFIG, FakeApiServer, capacity, sync
 from thunder_dra.controllers.inventory.capacity import PoolCapacity
 from thunder_dra.controllers.inventory.classes import build_device_classes
-from thunder_dra.controllers.inventory.plan import Action, Delete, plan_inventory
-from thunder_dra.controllers.inventory.publish import (
+from thunder_dra.controllers.inventory.plan import (
+    Action,
+    Delete,
     batches,
     group_by_pool,
     plan_outside_batches,
+    plan_pass,
     plan_steps,
 )
 from thunder_dra.controllers.inventory.slices import build_pools, published_devices
 from thunder_dra.controllers.shared.objects import LeanSliceSpec, lean_slice
+
+WHOLE = 1_000_000
+"""A budget no test inventory reaches: the whole plan in one batch."""
 
 
 def _key(action: Action) -> tuple[str, str, str, str]:
@@ -41,13 +47,12 @@ def compare(
     lean: bool = False,
     **options: Any,
 ) -> None:
-    existing = server.list("ResourceSlice")
-    if lean:
-        existing = [lean_slice(obj) for obj in existing]
+    full = server.list("ResourceSlice")
+    existing = [lean_slice(obj) for obj in full] if lean else full
     classes_existing = server.list("DeviceClass")
-    pools = build_pools(capacities, CONFIG, current_devices=published_devices(existing)).pools
+    pools = build_pools(capacities, CONFIG, current_devices=published_devices(full)).pools
     classes = build_device_classes(pools, CONFIG)
-    expected = plan_inventory(pools, classes, existing, classes_existing, **options).ordered()
+    expected = plan_pass(pools, classes, full, classes_existing, budget=WHOLE, **options)
 
     by_pool = group_by_pool(existing)
     outside = plan_outside_batches(
@@ -62,12 +67,14 @@ def compare(
     steps = list(plan_steps(pools, outside, by_pool, budget))
     got = [action for _, actions in steps for action in actions]
 
-    assert Counter(map(_key, got)) == Counter(map(_key, expected))
-    # Same phase order: every action's phase comes in the order ordered() gives them.
+    assert Counter(map(_key, got)) == Counter(map(_key, expected.ordered()))
+    # Same phase order: class writes, slice writes, slice deletes, class deletes.
     order = ["class-writes", "slice-writes", "slice-deletes", "class-deletes"]
     phases = [order.index(_phase(a)) for a in got]
     assert phases == sorted(phases)
     assert [order.index(phase) for phase, _ in steps] == sorted(order.index(p) for p, _ in steps)
+    joined = plan_pass(pools, classes, existing, classes_existing, budget=budget, **options)
+    assert list(map(_key, joined.ordered())) == list(map(_key, got))
 
 
 BASE = [capacity("us-east", "A6000", 6), capacity("us-east", "H100", 300), capacity("eu", "L4", 2)]
@@ -75,7 +82,7 @@ BASE = [capacity("us-east", "A6000", 6), capacity("us-east", "H100", 300), capac
 
 @pytest.mark.parametrize("budget", [1, 8, 300, 4096])
 @pytest.mark.parametrize("lean", [False, True])
-def test_batched_plan_equals_plan_inventory(budget: int, lean: bool) -> None:
+def test_the_plan_is_the_same_whatever_the_budget_and_listing(budget: int, lean: bool) -> None:
     server = FakeApiServer()
     compare(server, BASE, budget, lean=lean)
     sync(server, BASE)

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from tests.support.fakekube import FakeKube
 from tests.unit.controllers.test_controllers_diff import CONFIG, capacity
-from thunder_dra.controllers.inventory import plan as diff
-from thunder_dra.controllers.inventory import publish
+from thunder_dra.controllers.inventory import plan
 from thunder_dra.controllers.inventory.capacity import PoolCapacity
 from thunder_dra.controllers.inventory.classes import build_device_classes
 from thunder_dra.controllers.inventory.publish import Publisher, PublishOutcome
@@ -27,7 +27,6 @@ from thunder_dra.controllers.shared.objects import (
 )
 from thunder_dra.kube.client import METADATA_ONLY, KubeClient
 from thunder_dra.kube.resources import RESOURCE_SLICES
-from thunder_dra.kube.testing import FakeKube
 
 pytestmark = pytest.mark.unit
 
@@ -160,13 +159,13 @@ async def test_an_unchanged_pool_is_not_compared_again_until_its_slices_change(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     compared: list[str] = []
-    real = diff._pool_actions
+    real = plan._pool_actions
 
     def counting(pool: Any, existing: Any) -> Any:
         compared.append(pool.name)
         return real(pool, existing)
 
-    monkeypatch.setattr(diff, "_pool_actions", counting)
+    monkeypatch.setattr(plan, "_pool_actions", counting)
     fake = FakeKube()
     kube = KubeClient(fake)
     publisher = Publisher(kube, 4)
@@ -202,9 +201,9 @@ async def test_an_unchanged_pool_is_not_compared_again_until_its_slices_change(
 
 def test_pool_key_needs_every_slice_version() -> None:
     pool = build_pools(CAPACITIES[1:], CONFIG).pools[0]
-    assert publish.pool_key(pool, [{"metadata": {"name": "x"}}]) is None
-    one = publish.pool_key(pool, [{"metadata": {"name": "x", "resourceVersion": "5"}}])
-    other = publish.pool_key(pool, [{"metadata": {"name": "x", "resourceVersion": "6"}}])
+    assert plan.pool_key(pool, [{"metadata": {"name": "x"}}]) is None
+    one = plan.pool_key(pool, [{"metadata": {"name": "x", "resourceVersion": "5"}}])
+    other = plan.pool_key(pool, [{"metadata": {"name": "x", "resourceVersion": "6"}}])
     assert one is not None
     assert other is not None
     assert one != other

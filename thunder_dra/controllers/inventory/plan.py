@@ -25,12 +25,19 @@ carries a nodeName is replaced. Pools and classes missing from the desired state
 deleted, except when the caller says inventory is unavailable (nothing is deleted),
 names zones it could not read, or names pools to keep as they are (their pools, and
 the classes they use, are kept).
+
+One planner: `plan_outside_batches` decides the classes and the pools no longer
+desired, and `plan_steps` the desired pools' slices in batches of at most
+`BATCH_DEVICES` devices, in apply order. The publisher takes the steps one at a time, so
+a pass never holds every slice body at once; `plan_pass` joins them for callers that
+want the whole plan.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -98,27 +105,6 @@ class SlicePlan:
     changed_pools: frozenset[str]
     kept_pools: frozenset[str] = frozenset()
     """Existing pools left untouched because their zone could not be read."""
-
-
-@dataclass(frozen=True, slots=True)
-class InventoryPlan:
-    slices: SlicePlan
-    class_actions: tuple[Action, ...]
-
-    def ordered(self) -> list[Action]:
-        """Apply in this order: a class exists before its devices, and outlives them."""
-        slice_deletes = [a for a in self.slices.actions if isinstance(a, Delete)]
-        class_deletes = [a for a in self.class_actions if isinstance(a, Delete)]
-        return [
-            *(a for a in self.class_actions if not isinstance(a, Delete)),
-            *(a for a in self.slices.actions if not isinstance(a, Delete)),
-            *slice_deletes,
-            *class_deletes,
-        ]
-
-    @property
-    def empty(self) -> bool:
-        return not self.slices.actions and not self.class_actions
 
 
 def prune(value: Any) -> Any:
@@ -336,7 +322,218 @@ def plan_device_classes(
     return tuple(actions)
 
 
-def plan_inventory(
+BATCH_DEVICES: Final = 4096
+"""Devices planned (and held as request bodies) at a time."""
+
+
+def _pool_of(obj: Mapping[str, Any]) -> str:
+    return str(((obj.get("spec") or {}).get("pool") or {}).get("name", ""))
+
+
+def _gpu_type_label(obj: Mapping[str, Any]) -> str | None:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    label = labels.get(naming.LABEL_GPU_TYPE)
+    return label if isinstance(label, str) else None
+
+
+def batches(
+    pools: Sequence[DesiredPool], budget: int = BATCH_DEVICES
+) -> Iterator[list[DesiredPool]]:
+    """Consecutive runs of pools with at most `budget` devices (a bigger pool alone)."""
+    batch: list[DesiredPool] = []
+    held = 0
+    for pool in pools:
+        size = len(pool.devices)
+        if batch and held + size > budget:
+            yield batch
+            batch, held = [], 0
+        batch.append(pool)
+        held += size
+    if batch:
+        yield batch
+
+
+@dataclass(frozen=True, slots=True)
+class ClassPlan:
+    """The DeviceClass actions and the ResourceSlice deletes of pools no longer desired."""
+
+    class_actions: tuple[Action, ...]
+    retired_slice_actions: tuple[Action, ...]
+    kept_pools: frozenset[str]
+    retired_pools: frozenset[str] = frozenset()
+    """Existing pools no longer desired whose slices are deleted."""
+
+
+def plan_outside_batches(
+    pools: Sequence[DesiredPool],
+    classes: Sequence[DesiredDeviceClass],
+    existing_by_pool: Mapping[str, Sequence[Mapping[str, Any]]],
+    existing_classes: Sequence[Mapping[str, Any]],
+    *,
+    inventory_available: bool,
+    unavailable_zones: Collection[str],
+    extended_resource_supported: bool,
+    keep_pools: Collection[str] = (),
+) -> ClassPlan:
+    """Everything a pass decides besides the desired pools' own slices: the DeviceClass
+    actions, and the fate of listed pools no longer desired (deleted, or kept with the
+    classes they use when their zone could not be read or the guard holds them)."""
+    desired = {pool.name for pool in pools}
+    retired = [
+        obj for name, objs in existing_by_pool.items() if name not in desired for obj in objs
+    ]
+    retired_plan = plan_resource_slices(
+        [],
+        retired,
+        inventory_available=inventory_available,
+        unavailable_zones=unavailable_zones,
+        keep_pools=keep_pools,
+    )
+    kept_labels = {
+        label
+        for obj in retired
+        if _pool_of(obj) in retired_plan.kept_pools
+        for label in (_gpu_type_label(obj),)
+        if label
+    }
+    class_actions = plan_device_classes(
+        classes,
+        existing_classes,
+        inventory_available=inventory_available,
+        keep_type_labels=kept_labels,
+        extended_resource_supported=extended_resource_supported,
+    )
+    return ClassPlan(
+        class_actions,
+        retired_plan.actions,
+        retired_plan.kept_pools,
+        retired_plan.changed_pools - retired_plan.kept_pools,
+    )
+
+
+def group_by_pool(
+    existing_slices: Sequence[Mapping[str, Any]],
+) -> dict[str, list[Mapping[str, Any]]]:
+    grouped: defaultdict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for obj in existing_slices:
+        grouped[_pool_of(obj)].append(obj)
+    return dict(grouped)
+
+
+PoolKey = tuple[bytes, tuple[tuple[str, str], ...]]
+"""A pool's desired-state digest and its slices' (name, resourceVersion) pairs."""
+
+
+def pool_key(pool: DesiredPool, existing: Sequence[Mapping[str, Any]]) -> PoolKey | None:
+    """What a pool's plan depends on; None when a slice lacks a name or resourceVersion."""
+    versions = []
+    for obj in existing:
+        metadata = obj.get("metadata") or {}
+        name, version = metadata.get("name"), metadata.get("resourceVersion")
+        if not isinstance(name, str) or not isinstance(version, str) or not version:
+            return None
+        versions.append((name, version))
+    digest = hashlib.blake2b(repr(pool).encode(), digest_size=16).digest()
+    return digest, tuple(sorted(versions))
+
+
+def slice_actions_in_batches(
+    pools: Sequence[DesiredPool],
+    existing_by_pool: Mapping[str, Sequence[Mapping[str, Any]]],
+    budget: int = BATCH_DEVICES,
+    unchanged: dict[str, PoolKey] | None = None,
+    changed: set[str] | None = None,
+) -> Iterator[tuple[list[Action], list[Action]]]:
+    """(writes, deletes) of the desired pools' own slices, a batch at a time.
+
+    With `unchanged` (pool name -> key of the pool when last found unchanged), a pool
+    with the same key is not compared again, and every pool found unchanged is put
+    there; the mapping is left holding only the desired pools. With `changed`, the names
+    of the pools that get writes are added to it.
+    """
+    seen: dict[str, PoolKey] = {}
+    for batch in batches(pools, budget):
+        keys: dict[str, PoolKey | None] = {}
+        todo = []
+        for pool in batch:
+            key = (
+                pool_key(pool, existing_by_pool.get(pool.name, ()))
+                if unchanged is not None
+                else None
+            )
+            keys[pool.name] = key
+            if key is not None and unchanged is not None and unchanged.get(pool.name) == key:
+                seen[pool.name] = key
+            else:
+                todo.append(pool)
+        existing = [obj for pool in todo for obj in existing_by_pool.get(pool.name, ())]
+        plan = plan_resource_slices(todo, existing)
+        if changed is not None:
+            changed.update(plan.changed_pools)
+        for pool in todo:
+            key = keys[pool.name]
+            if key is not None and pool.name not in plan.changed_pools:
+                seen[pool.name] = key
+        writes: list[Action] = [a for a in plan.actions if not isinstance(a, Delete)]
+        deletes: list[Action] = [a for a in plan.actions if isinstance(a, Delete)]
+        yield writes, deletes
+    if unchanged is not None:
+        unchanged.clear()
+        unchanged.update(seen)
+
+
+Step = tuple[str, list[Action]]
+"""A group of writes that may run concurrently: (phase, actions)."""
+
+
+def plan_steps(
+    pools: Sequence[DesiredPool],
+    outside: ClassPlan,
+    existing_by_pool: Mapping[str, Sequence[Mapping[str, Any]]],
+    budget: int = BATCH_DEVICES,
+    unchanged: dict[str, PoolKey] | None = None,
+    changed: set[str] | None = None,
+) -> Iterator[Step]:
+    """The plan as steps in apply order, made lazily batch by batch.
+
+    Phases: class-writes (a class exists before its devices), slice-writes (one step per
+    batch), slice-deletes, class-deletes (a class outlives its devices).
+    """
+    yield "class-writes", [a for a in outside.class_actions if not isinstance(a, Delete)]
+    deferred: list[Action] = []
+    for writes, deletes in slice_actions_in_batches(
+        pools, existing_by_pool, budget, unchanged, changed
+    ):
+        yield "slice-writes", writes
+        deferred.extend(deletes)
+    yield "slice-deletes", [*deferred, *outside.retired_slice_actions]
+    yield "class-deletes", [a for a in outside.class_actions if isinstance(a, Delete)]
+
+
+@dataclass(frozen=True, slots=True)
+class PassPlan:
+    """A whole pass's plan held at once, for callers that can afford to (tests, tools).
+
+    The publisher takes the same plan step by step from `plan_steps`; this is those steps
+    joined, so there is one planner."""
+
+    actions: tuple[Action, ...]
+    """Every action, in apply order."""
+    class_actions: tuple[Action, ...]
+    changed_pools: frozenset[str]
+    """Pools that get writes or are deleted."""
+    kept_pools: frozenset[str]
+    """Listed pools no longer desired but kept as they are (zone unread, or held)."""
+
+    def ordered(self) -> list[Action]:
+        return list(self.actions)
+
+    @property
+    def empty(self) -> bool:
+        return not self.actions
+
+
+def plan_pass(
     pools: Sequence[DesiredPool],
     classes: Sequence[DesiredDeviceClass],
     existing_slices: Sequence[Mapping[str, Any]],
@@ -346,26 +543,21 @@ def plan_inventory(
     unavailable_zones: Collection[str] = (),
     keep_pools: Collection[str] = (),
     extended_resource_supported: bool = True,
-) -> InventoryPlan:
-    """Slices and classes together; classes used by kept pools are kept as well."""
-    slice_plan = plan_resource_slices(
+    budget: int = BATCH_DEVICES,
+) -> PassPlan:
+    """The plan of one pass, all of it: `plan_outside_batches` and `plan_steps` joined."""
+    by_pool = group_by_pool([obj for obj in existing_slices if is_inventory_slice(obj)])
+    outside = plan_outside_batches(
         pools,
-        existing_slices,
-        inventory_available=inventory_available,
-        unavailable_zones=unavailable_zones,
-        keep_pools=keep_pools,
-    )
-    kept_labels = {
-        (_meta(obj).get("labels") or {}).get(naming.LABEL_GPU_TYPE)
-        for obj in existing_slices
-        if is_inventory_slice(obj)
-        and ((obj.get("spec") or {}).get("pool") or {}).get("name") in slice_plan.kept_pools
-    }
-    class_actions = plan_device_classes(
         classes,
+        by_pool,
         existing_classes,
         inventory_available=inventory_available,
-        keep_type_labels={label for label in kept_labels if label},
+        unavailable_zones=unavailable_zones,
         extended_resource_supported=extended_resource_supported,
+        keep_pools=keep_pools,
     )
-    return InventoryPlan(slice_plan, class_actions)
+    changed: set[str] = set(outside.retired_pools)
+    steps = plan_steps(pools, outside, by_pool, budget, changed=changed)
+    actions = tuple(action for _, step in steps for action in step)
+    return PassPlan(actions, outside.class_actions, frozenset(changed), outside.kept_pools)

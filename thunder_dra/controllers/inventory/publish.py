@@ -1,10 +1,9 @@
-"""Plan and apply the ResourceSlice and DeviceClass writes of one inventory pass.
+"""Apply the ResourceSlice and DeviceClass writes of one inventory pass.
 
-The plan is the pure `diff` module's, made pool by pool in batches instead of in one
-`plan_inventory` call: a whole plan for a first publish holds every slice body at once
-(128,000 devices as dicts for the benchmark's inventory), far beyond the operator's
-memory budget, while a batch holds a few thousand. The result is the same plan in the
-same order as `plan_inventory(...).ordered()`, which a unit test checks:
+The plan is the pure `plan` module's, taken step by step (`plan_steps`): a whole plan
+for a first publish holds every slice body at once (128,000 devices as dicts for the
+benchmark's inventory), far beyond the operator's memory budget, while a batch holds a
+few thousand. The steps come in this order:
 
 1. DeviceClass creates and updates (a class exists before its devices);
 2. ResourceSlice creates, updates and replaces, batch by batch;
@@ -27,12 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-from collections import defaultdict
-from collections.abc import Awaitable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from thunder_dra.controllers.inventory.classes import (
     DesiredDeviceClass,
@@ -42,20 +39,18 @@ from thunder_dra.controllers.inventory.plan import (
     Action,
     Create,
     Delete,
+    PoolKey,
     Replace,
     Update,
-    plan_device_classes,
-    plan_resource_slices,
+    group_by_pool,
+    plan_outside_batches,
+    plan_steps,
 )
 from thunder_dra.controllers.inventory.slices import DesiredPool
 from thunder_dra.controllers.shared.objects import SliceCache
-from thunder_dra.kube import naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import Conflict, KubeError, NotFound
 from thunder_dra.kube.resources import DEVICE_CLASSES, RESOURCE_SLICES
-
-BATCH_DEVICES: Final = 4096
-"""Devices planned (and held as request bodies) at a time."""
 
 _log = logging.getLogger(__name__)
 
@@ -79,173 +74,6 @@ class PublishOutcome:
     @property
     def changed(self) -> bool:
         return self.writes > 0
-
-
-def _pool_of(obj: Mapping[str, Any]) -> str:
-    return str(((obj.get("spec") or {}).get("pool") or {}).get("name", ""))
-
-
-def _gpu_type_label(obj: Mapping[str, Any]) -> str | None:
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    label = labels.get(naming.LABEL_GPU_TYPE)
-    return label if isinstance(label, str) else None
-
-
-def batches(
-    pools: Sequence[DesiredPool], budget: int = BATCH_DEVICES
-) -> Iterator[list[DesiredPool]]:
-    """Consecutive runs of pools with at most `budget` devices (a bigger pool alone)."""
-    batch: list[DesiredPool] = []
-    held = 0
-    for pool in pools:
-        size = len(pool.devices)
-        if batch and held + size > budget:
-            yield batch
-            batch, held = [], 0
-        batch.append(pool)
-        held += size
-    if batch:
-        yield batch
-
-
-@dataclass(frozen=True, slots=True)
-class ClassPlan:
-    """The DeviceClass actions and the ResourceSlice deletes of pools no longer desired."""
-
-    class_actions: tuple[Action, ...]
-    retired_slice_actions: tuple[Action, ...]
-    kept_pools: frozenset[str]
-
-
-def plan_outside_batches(
-    pools: Sequence[DesiredPool],
-    classes: Sequence[DesiredDeviceClass],
-    existing_by_pool: Mapping[str, Sequence[Mapping[str, Any]]],
-    existing_classes: Sequence[Mapping[str, Any]],
-    *,
-    inventory_available: bool,
-    unavailable_zones: Collection[str],
-    extended_resource_supported: bool,
-    keep_pools: Collection[str] = (),
-) -> ClassPlan:
-    """Everything `plan_inventory` decides besides the desired pools' own slices."""
-    desired = {pool.name for pool in pools}
-    retired = [
-        obj for name, objs in existing_by_pool.items() if name not in desired for obj in objs
-    ]
-    retired_plan = plan_resource_slices(
-        [],
-        retired,
-        inventory_available=inventory_available,
-        unavailable_zones=unavailable_zones,
-        keep_pools=keep_pools,
-    )
-    kept_labels = {
-        label
-        for obj in retired
-        if _pool_of(obj) in retired_plan.kept_pools
-        for label in (_gpu_type_label(obj),)
-        if label
-    }
-    class_actions = plan_device_classes(
-        classes,
-        existing_classes,
-        inventory_available=inventory_available,
-        keep_type_labels=kept_labels,
-        extended_resource_supported=extended_resource_supported,
-    )
-    return ClassPlan(class_actions, retired_plan.actions, retired_plan.kept_pools)
-
-
-def group_by_pool(
-    existing_slices: Sequence[Mapping[str, Any]],
-) -> dict[str, list[Mapping[str, Any]]]:
-    grouped: defaultdict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for obj in existing_slices:
-        grouped[_pool_of(obj)].append(obj)
-    return dict(grouped)
-
-
-PoolKey = tuple[bytes, tuple[tuple[str, str], ...]]
-"""A pool's desired-state digest and its slices' (name, resourceVersion) pairs."""
-
-
-def pool_key(pool: DesiredPool, existing: Sequence[Mapping[str, Any]]) -> PoolKey | None:
-    """What a pool's plan depends on; None when a slice lacks a name or resourceVersion."""
-    versions = []
-    for obj in existing:
-        metadata = obj.get("metadata") or {}
-        name, version = metadata.get("name"), metadata.get("resourceVersion")
-        if not isinstance(name, str) or not isinstance(version, str) or not version:
-            return None
-        versions.append((name, version))
-    digest = hashlib.blake2b(repr(pool).encode(), digest_size=16).digest()
-    return digest, tuple(sorted(versions))
-
-
-def slice_actions_in_batches(
-    pools: Sequence[DesiredPool],
-    existing_by_pool: Mapping[str, Sequence[Mapping[str, Any]]],
-    budget: int = BATCH_DEVICES,
-    unchanged: dict[str, PoolKey] | None = None,
-) -> Iterator[tuple[list[Action], list[Action]]]:
-    """(writes, deletes) of the desired pools' own slices, a batch at a time.
-
-    With `unchanged` (pool name -> key of the pool when last found unchanged), a pool
-    with the same key is not compared again, and every pool found unchanged is put
-    there; the mapping is left holding only the desired pools.
-    """
-    seen: dict[str, PoolKey] = {}
-    for batch in batches(pools, budget):
-        keys: dict[str, PoolKey | None] = {}
-        todo = []
-        for pool in batch:
-            key = (
-                pool_key(pool, existing_by_pool.get(pool.name, ()))
-                if unchanged is not None
-                else None
-            )
-            keys[pool.name] = key
-            if key is not None and unchanged is not None and unchanged.get(pool.name) == key:
-                seen[pool.name] = key
-            else:
-                todo.append(pool)
-        existing = [obj for pool in todo for obj in existing_by_pool.get(pool.name, ())]
-        plan = plan_resource_slices(todo, existing)
-        for pool in todo:
-            key = keys[pool.name]
-            if key is not None and pool.name not in plan.changed_pools:
-                seen[pool.name] = key
-        writes: list[Action] = [a for a in plan.actions if not isinstance(a, Delete)]
-        deletes: list[Action] = [a for a in plan.actions if isinstance(a, Delete)]
-        yield writes, deletes
-    if unchanged is not None:
-        unchanged.clear()
-        unchanged.update(seen)
-
-
-Step = tuple[str, list[Action]]
-"""A group of writes that may run concurrently: (phase, actions)."""
-
-
-def plan_steps(
-    pools: Sequence[DesiredPool],
-    outside: ClassPlan,
-    existing_by_pool: Mapping[str, Sequence[Mapping[str, Any]]],
-    budget: int = BATCH_DEVICES,
-    unchanged: dict[str, PoolKey] | None = None,
-) -> Iterator[Step]:
-    """The plan as steps in `plan_inventory(...).ordered()` order, made lazily batch by batch.
-
-    Phases: class-writes, slice-writes (one step per batch), slice-deletes, class-deletes.
-    """
-    yield "class-writes", [a for a in outside.class_actions if not isinstance(a, Delete)]
-    deferred: list[Action] = []
-    for writes, deletes in slice_actions_in_batches(pools, existing_by_pool, budget, unchanged):
-        yield "slice-writes", writes
-        deferred.extend(deletes)
-    yield "slice-deletes", [*deferred, *outside.retired_slice_actions]
-    yield "class-deletes", [a for a in outside.class_actions if isinstance(a, Delete)]
 
 
 class Publisher:
