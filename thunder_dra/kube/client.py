@@ -7,7 +7,7 @@ handful of fields per prepare.
 
 The network is a :class:`Transport`: :class:`~thunder_dra.kube.transport.AiohttpTransport`
 in the processes (an aiohttp session set up from a ``kubernetes.aio`` Configuration), an
-in-memory apiserver (:class:`~thunder_dra.kube.testing.FakeKube`) in unit tests. Every call
+in-memory apiserver in unit tests (``tests/support/fakekube.py``, not shipped). Every call
 is a plain coroutine, so cancelling the task that awaits it cancels the request; each has
 a timeout (``request_timeout=`` per call, else the client's) and fails only with a
 :class:`~thunder_dra.kube.errors.KubeError` subclass.

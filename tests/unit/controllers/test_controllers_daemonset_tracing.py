@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.fakekube import FakeKube
 from tests.unit.packaging.chartkit import render
 from thunder_dra.api.thundercluster import ThunderCluster
 from thunder_dra.controllers.process.loop import ClusterLoop
@@ -19,7 +20,6 @@ from thunder_dra.controllers.shared.events import EventRecorder
 from thunder_dra.controllers.workload.daemonset import DAEMONSET_NAME
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.resources import DAEMON_SETS
-from thunder_dra.kube.testing import FakeKube
 
 pytestmark = pytest.mark.unit
 

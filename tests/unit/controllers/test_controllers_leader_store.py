@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from tests.support.fakekube import FakeKube
 from thunder_dra.controllers.process.leader import (
     KubeLeaseStore,
     LeaderElector,
@@ -19,7 +20,6 @@ from thunder_dra.controllers.process.main import Operator
 from thunder_dra.controllers.process.options import ElectionTimings, parse_options
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.resources import LEASES, SECRETS
-from thunder_dra.kube.testing import FakeKube
 
 pytestmark = pytest.mark.unit
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from tests.support.fakekube import FakeKube
 from thunder_dra.kube.client import (
     APPLY_PATCH,
     JSON_PATCH,
@@ -28,7 +29,6 @@ from thunder_dra.kube.errors import (
     from_answer,
 )
 from thunder_dra.kube.resources import CLIENTS, RESOURCE_SLICES, SECRETS, resource_of
-from thunder_dra.kube.testing import FakeKube
 
 
 def _client(fake: FakeKube, **kwargs: object) -> KubeClient:

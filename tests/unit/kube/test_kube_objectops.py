@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from thunder_dra.kube.objectops import (
+from tests.support.objectops import (
     Refused,
     field_matches,
     json_patch,

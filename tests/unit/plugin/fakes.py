@@ -1,5 +1,5 @@
 """Crash points for the daemon's claim lifecycle tests (Kubernetes is faked by
-:class:`thunder_dra.kube.testing.FakeKube`, Thunder by :mod:`hack.fake_thunder`).
+:class:`tests.support.fakekube.FakeKube`, Thunder by :mod:`hack.fake_thunder`).
 
 :class:`CrashAt` is a :class:`CrashPoints` whose crash raises :class:`Crashed` instead of
 ending the process: being a ``BaseException``, it passes every ``except Exception`` the

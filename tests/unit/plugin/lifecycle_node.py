@@ -2,7 +2,7 @@
 
 :class:`World` is what outlives a daemon process: the fake Thunder service (in memory,
 answering through its httpx transport, so no socket is opened), the fake apiserver
-(:class:`thunder_dra.kube.testing.FakeKube` behind the daemon's real
+(:class:`tests.support.fakekube.FakeKube` behind the daemon's real
 :class:`thunder_dra.kube.client.KubeClient`) and the node's directories. Each
 :meth:`World.start` assembles a fresh daemon from them with the daemon's own wiring
 (:func:`thunder_dra.plugin.claims.lifecycle.assemble`), so a test can "kill" one mid-step
@@ -23,11 +23,11 @@ from prometheus_client import CollectorRegistry
 
 from hack.fake_thunder.audit import audit
 from hack.fake_thunder.service import FakeThunder
+from tests.support.fakekube import FakeKube, parse_path
 from thunder_dra.api import ClaimReference
 from thunder_dra.kube import naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.resources import CLIENTS, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, SECRETS
-from thunder_dra.kube.testing import FakeKube, parse_path
 from thunder_dra.plugin.claims import lifecycle
 from thunder_dra.plugin.claims.prepare import Preparer
 from thunder_dra.plugin.claims.recovery import InstanceJournal, Recovery

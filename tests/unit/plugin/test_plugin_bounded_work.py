@@ -11,8 +11,8 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.support.fakekube import FakeKube
 from thunder_dra.kube.client import KubeClient
-from thunder_dra.kube.testing import FakeKube
 from thunder_dra.plugin.claims.allocation import ClaimError, PoolResolver, SingleFlight, ZoneIds
 from thunder_dra.plugin.claims.recovery import SWEEP_MAX_BACKOFF_INTERVALS, sweep_delay
 from thunder_dra.plugin.kubelet.handler import ClaimSlots

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fakekube import parse_path
 from tests.unit.plugin.fakes import OnStep
 from tests.unit.plugin.lifecycle_node import NAMESPACE, Daemon, World
 from thunder_dra.api import ClaimReference
 from thunder_dra.kube.resources import CLIENTS
-from thunder_dra.kube.testing import parse_path
 from thunder_dra.plugin.state.checkpoint import (
     CHECKPOINT_FILE_NAME,
     ClaimState,

@@ -30,6 +30,13 @@ from typing import Any, Final
 
 import yaml
 
+from tests.support.objectops import (
+    Refused,
+    field_matches,
+    json_patch,
+    label_matches,
+    merge_patch,
+)
 from thunder_dra.kube.client import (
     APPLY_PATCH,
     JSON,
@@ -38,13 +45,6 @@ from thunder_dra.kube.client import (
     STRATEGIC_MERGE_PATCH,
     Request,
     Response,
-)
-from thunder_dra.kube.objectops import (
-    Refused,
-    field_matches,
-    json_patch,
-    label_matches,
-    merge_patch,
 )
 
 STATUS_SUBRESOURCE: Final = frozenset(

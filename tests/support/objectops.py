@@ -1,6 +1,6 @@
 """What the apiserver does to plain objects: merge patches (RFC 7386), JSON patches
 (RFC 6902), label and field selectors. Used by the in-memory apiserver of
-:mod:`thunder_dra.kube.testing`.
+:mod:`tests.support.fakekube`.
 """
 
 from __future__ import annotations
