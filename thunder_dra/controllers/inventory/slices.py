@@ -340,24 +340,10 @@ def _share_the_total(pools: Sequence[_Chosen], max_devices: int | None) -> None:
             pool.granted = grown
 
 
-def build_pools(
-    capacities: Iterable[PoolCapacity],
-    config: InventoryConfig,
-    *,
-    current_devices: Mapping[str, Collection[str]] | None = None,
-    allocated_devices: Mapping[str, Collection[str]] | None = None,
-    skip_pools: Collection[str] = (),
-) -> InventoryLayout:
-    """The pools to publish for `capacities`.
-
-    `current_devices` (from `published_devices`) and `allocated_devices` (device
-    names allocated to ResourceClaims, per pool name) keep indices stable. Pools named
-    in `skip_pools` are left out (names are assigned as if they were not), for pools
-    kept as they are whose devices the caller took out of the limits.
-    """
-    current_devices = current_devices or {}
-    allocated_devices = allocated_devices or {}
-    capacities = list(capacities)
+def _publishable(
+    capacities: Sequence[PoolCapacity],
+) -> tuple[list[PoolCapacity], list[SkippedPool]]:
+    """The capacities whose zone name a node label can carry, and the others, skipped."""
     skipped: list[SkippedPool] = []
     publishable = []
     for capacity in capacities:
@@ -372,22 +358,19 @@ def build_pools(
             )
         else:
             publishable.append(capacity)
-    zone_labels = naming.assign_labels(c.zone_name for c in publishable)
-    type_labels = naming.assign_labels(c.model_key for c in capacities)
-    node_selector = tuple(sorted(config.daemon_node_selector.items()))
-    named = [
-        (naming.pool_name(zone_labels[c.zone_name], type_labels[c.model_key]), c)
-        for c in publishable
-    ]
-    # The order pools are served in when a limit cuts: see the module docstring.
-    named.sort(
-        key=lambda item: (
-            not allocated_devices.get(item[0]),
-            item[0] not in current_devices,
-            item[0],
-        )
-    )
-    clamps = _Clamps()
+    return publishable, skipped
+
+
+def _choose(
+    named: Sequence[tuple[str, PoolCapacity]],
+    type_labels: Mapping[str, str],
+    config: InventoryConfig,
+    current_devices: Mapping[str, Collection[str]],
+    allocated_devices: Mapping[str, Collection[str]],
+    skip_pools: Collection[str],
+    clamps: _Clamps,
+) -> list[_Chosen]:
+    """Each pool's count under the pool-count and per-pool limits, in serving order."""
     chosen: list[_Chosen] = []
     publishing = 0
     for name, capacity in named:
@@ -407,31 +390,74 @@ def build_pools(
         current = current_devices.get(name, ())
         chosen.append(_Chosen(name, capacity, type_label, count, current, pinned))
         publishing += 1 if count or pinned else 0
+    return chosen
+
+
+def _desired_pool(
+    chosen: _Chosen, zone_label: str, config: InventoryConfig, devices: tuple[str, ...]
+) -> DesiredPool:
+    capacity = chosen.capacity
+    return DesiredPool(
+        name=chosen.name,
+        zone_name=capacity.zone_name,
+        zone_label=zone_label,
+        model=capacity.model,
+        type_label=chosen.type_label,
+        target=capacity.target,
+        physical=capacity.physical,
+        live_client_gpus=capacity.live_client_gpus,
+        driver_name=config.driver_name,
+        node_selector=tuple(sorted(config.daemon_node_selector.items())),
+        owner=config.owner,
+        slices=_slices(zone_label, chosen.type_label, devices, config),
+    )
+
+
+def build_pools(
+    capacities: Iterable[PoolCapacity],
+    config: InventoryConfig,
+    *,
+    current_devices: Mapping[str, Collection[str]] | None = None,
+    allocated_devices: Mapping[str, Collection[str]] | None = None,
+    skip_pools: Collection[str] = (),
+) -> InventoryLayout:
+    """The pools to publish for `capacities`.
+
+    `current_devices` (from `published_devices`) and `allocated_devices` (device
+    names allocated to ResourceClaims, per pool name) keep indices stable. Pools named
+    in `skip_pools` are left out (names are assigned as if they were not), for pools
+    kept as they are whose devices the caller took out of the limits.
+    """
+    current_devices = current_devices or {}
+    allocated_devices = allocated_devices or {}
+    capacities = list(capacities)
+    publishable, skipped = _publishable(capacities)
+    zone_labels = naming.assign_labels(c.zone_name for c in publishable)
+    type_labels = naming.assign_labels(c.model_key for c in capacities)
+    named = [
+        (naming.pool_name(zone_labels[c.zone_name], type_labels[c.model_key]), c)
+        for c in publishable
+    ]
+    # The order pools are served in when a limit cuts: see the module docstring.
+    named.sort(
+        key=lambda item: (
+            not allocated_devices.get(item[0]),
+            item[0] not in current_devices,
+            item[0],
+        )
+    )
+    clamps = _Clamps()
+    chosen = _choose(
+        named, type_labels, config, current_devices, allocated_devices, skip_pools, clamps
+    )
     _share_the_total(chosen, config.max_devices)
     pools: list[DesiredPool] = []
     for c in chosen:
         if c.granted < c.count:
             clamps.total.append(f"{c.name} {c.count}->{c.granted}")
         devices = stable_device_names(c.type_label, c.granted, c.current, c.pinned)
-        if not devices:
-            continue
-        zone_label = zone_labels[c.capacity.zone_name]
-        pools.append(
-            DesiredPool(
-                name=c.name,
-                zone_name=c.capacity.zone_name,
-                zone_label=zone_label,
-                model=c.capacity.model,
-                type_label=c.type_label,
-                target=c.capacity.target,
-                physical=c.capacity.physical,
-                live_client_gpus=c.capacity.live_client_gpus,
-                driver_name=config.driver_name,
-                node_selector=node_selector,
-                owner=config.owner,
-                slices=_slices(zone_label, c.type_label, devices, config),
-            )
-        )
+        if devices:
+            pools.append(_desired_pool(c, zone_labels[c.capacity.zone_name], config, devices))
     pools.sort(key=lambda pool: pool.name)
     return InventoryLayout(pools=tuple(pools), skipped=tuple(skipped), clamps=clamps.lines(config))
 
