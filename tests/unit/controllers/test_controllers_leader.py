@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from thunder_dra.controllers.process.leader import (
+    RELEASE_ATTEMPTS,
     LeaderElector,
     LeaseConflict,
     LeaseRecord,
@@ -304,6 +305,134 @@ async def test_a_released_lease_is_not_released_again_by_a_former_holder() -> No
     await a.stop(release=True)
     assert store.record is not None
     assert store.record.holder == "b"
+
+
+class LostAnswers:
+    """Writes the apiserver applies but whose answer never reaches the elector: the
+    request is still in flight when `stop()` cancels it (a renewal racing a SIGTERM)."""
+
+    def __init__(self, store: FakeLeases, op: str = "update") -> None:
+        self.landed = asyncio.Event()
+        self._store = store
+        self._op = op
+        self._write = getattr(store, op)
+        setattr(store, op, self._applied_then_lost)
+
+    async def _applied_then_lost(self, record: LeaseRecord) -> LeaseRecord:
+        if self.landed.is_set():
+            return await self._write(record)  # type: ignore[no-any-return]
+        await self._write(record)
+        self.landed.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_release_racing_the_last_renewal_still_releases_the_lease() -> None:
+    time, store = VirtualTime(), FakeLeases()
+    a, b = elector(store, time, "a"), elector(store, time, "b")
+    a.start()
+    await time.until(lambda: a.is_leader, limit=1)
+    b.start()
+    await time.advance(10)
+    lost = LostAnswers(store)
+    await time.until(lost.landed.is_set, limit=TIMINGS.retry_period + 0.001)
+    assert store.record is not None
+    renewed = store.record.resource_version
+    assert a.observed is not None
+    assert a.observed.resource_version != renewed  # a never read its last renewal
+    await a.stop(release=True)
+    assert (store.record.holder, store.record.lease_duration_seconds) == ("", 1)
+    # The first release conflicted with the renewal; the Lease was read again and
+    # released at the version the renewal left.
+    assert store.calls[-3:] == ["update", "get", "update"]
+    waited = await time.until(lambda: b.is_leader, limit=10)
+    assert waited <= TIMINGS.retry_period * 2.2 + 0.001
+    assert store.record.transitions == 1
+    await b.stop(release=False)
+
+
+async def test_an_acquisition_cut_off_by_stop_is_released_if_it_landed() -> None:
+    time, store = VirtualTime(), FakeLeases()
+    lost = LostAnswers(store, "create")
+    a = elector(store, time, "a")
+    a.start()
+    await time.until(lost.landed.is_set, limit=1)
+    assert not a.is_leader
+    assert store.record is not None
+    assert store.record.holder == "a"
+    await a.stop(release=True)
+    assert (store.record.holder, store.record.lease_duration_seconds) == ("", 1)
+
+
+@pytest.mark.parametrize(
+    "taken",
+    [
+        {"holder": "b", "transitions": 1},
+        {"holder": "", "lease_duration_seconds": 1},
+        {"acquire_time": "2026-01-01T00:05:00.000000Z", "transitions": 2},
+    ],
+    ids=["another-holder", "released-by-another-writer", "a-later-term-of-this-identity"],
+)
+async def test_a_release_that_conflicts_never_empties_a_lease_that_is_no_longer_this_term(
+    taken: dict[str, object],
+) -> None:
+    time, store = VirtualTime(), FakeLeases()
+    a = elector(store, time, "a")
+    a.start()
+    await time.until(lambda: a.is_leader, limit=1)
+    await time.advance(5)
+
+    left: list[LeaseRecord | None] = []
+
+    def taken_during_release(op: str) -> Exception | None:
+        if op == "update" and not a.is_leader:
+            store.failing = lambda _op: None
+            store.overwrite(**taken)
+            left.append(store.record)
+            return LeaseConflict("changed")
+        return None
+
+    store.failing = taken_during_release
+    await a.stop(release=True)
+    # Read again after the conflict, and left exactly as the other writer left it.
+    assert store.calls[-2:] == ["update", "get"]
+    assert left == [store.record]
+
+
+async def test_a_release_conflicting_every_time_gives_up_after_a_bounded_number_of_tries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    time, store = VirtualTime(), FakeLeases()
+    a = elector(store, time, "a")
+    a.start()
+    await time.until(lambda: a.is_leader, limit=1)
+    await time.advance(5)
+
+    def busy(op: str) -> Exception | None:
+        if op == "update" and not a.is_leader:
+            store.overwrite()  # another writer bumps the version, holder unchanged
+            return LeaseConflict("changed")
+        return None
+
+    store.failing = busy
+    calls = len(store.calls)
+    await a.stop(release=True)
+    assert store.record is not None
+    assert store.record.holder == "a"  # it expires on its own
+    releases = ["update", "get"] * (RELEASE_ATTEMPTS - 1) + ["update"]
+    assert store.calls[calls:] == releases
+    assert "could not release the Lease" in caplog.text
+
+
+async def test_concurrent_stops_release_once() -> None:
+    time, store = VirtualTime(), FakeLeases()
+    a = elector(store, time, "a")
+    a.start()
+    await time.until(lambda: a.is_leader, limit=1)
+    await asyncio.gather(a.stop(release=True), a.stop(release=True))
+    assert store.record is not None
+    assert store.record.holder == ""
+    assert store.calls.count("update") == 1
 
 
 # -- conflicts and errors -------------------------------------------------------------------

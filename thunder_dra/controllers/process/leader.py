@@ -19,7 +19,14 @@ holder's lease lapses, so after a leader dies outright a standby takes over at m
 `lease_duration + retry_period * 2.2` after the dead leader's last renewal.
 
 On a graceful stop the leader releases the Lease (holder emptied, duration 1 s), so a
-standby takes it on its next retry instead of waiting for the lease to expire.
+standby takes it on its next retry instead of waiting for the lease to expire. The stop
+first cancels the renewal loop and waits for it, so the two never write at once; but a
+renewal cut off mid-request may still have reached the apiserver, and then the release
+(written at the version read before it) conflicts. A conflicting release reads the Lease
+again and releases it at the new version while it is still this replica's term (same
+holder identity, acquire time and transition count), up to `RELEASE_ATTEMPTS` writes; a
+Lease another candidate holds, or a later term's, is never emptied. An acquisition cut
+off the same way is released too if it landed.
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ _log = logging.getLogger(__name__)
 JITTER_FACTOR: Final = 1.2
 """A standby waits retry_period to retry_period * (1 + JITTER_FACTOR), as client-go does."""
 RELEASE_TIMEOUT: Final = 5.0
+"""For the whole release, every read and write of it."""
+RELEASE_ATTEMPTS: Final = 3
+"""Release writes at most, each after a conflict read the Lease again."""
 RELEASED_LEASE_DURATION: Final = 1
 
 
@@ -229,6 +239,9 @@ class LeaderElector:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._reported_holder: str | None = None
+        self._term_lease: LeaseRecord | None = None
+        self._writing: LeaseRecord | None = None
+        self._stopping = asyncio.Lock()
 
     # -- what the operator asks --------------------------------------------------------
 
@@ -261,17 +274,22 @@ class LeaderElector:
         """Stop campaigning; as the leader, end the term and release the Lease.
 
         Call it after the reconcile loops have stopped: a released Lease is taken by a
-        standby within its retry period.
+        standby within its retry period. The elector's task has ended (and can write no
+        more) before the release begins; concurrent calls release once.
         """
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        was_leader = self._term is not None
-        self._end_term("stopping")
-        if release and was_leader:
-            await self._release()
+        async with self._stopping:
+            task, self._task = self._task, None
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            # A write that the cancellation cut off may have landed: hold on to what it
+            # wrote, so an acquisition that did land is released too.
+            claim = self._term_lease if self._term is not None else self._writing
+            self._writing = None
+            self._end_term("stopping")
+            if release and claim is not None:
+                await self._release(claim)
 
     async def run(self) -> None:
         """Campaign and lead, forever: a lost term is followed by a new campaign."""
@@ -333,12 +351,13 @@ class LeaderElector:
 
     async def _try_acquire_or_renew(self) -> bool:
         current = await self.store.get()
+        self._writing = None  # what an earlier, timed-out write did is in `current`
         now = micro_time(self._wall())
         duration = int(self.timings.lease_duration)
         if current is None:
             mine = LeaseRecord(self.identity, duration, now, now, 0)
             try:
-                created = await self.store.create(mine)
+                created = await self._write(self.store.create, mine)
             except LeaseConflict:
                 return False
             self._observe(created)
@@ -358,11 +377,27 @@ class LeaderElector:
                 transitions=current.transitions + 1,
             )
         try:
-            updated = await self.store.update(wanted)
+            updated = await self._write(self.store.update, wanted)
         except LeaseConflict:
             return False
         self._observe(updated)
         return True
+
+    async def _write(
+        self, write: Callable[[LeaseRecord], Awaitable[LeaseRecord]], record: LeaseRecord
+    ) -> LeaseRecord:
+        """`write(record)`, remembered while in flight: a request cancelled on its way
+        (by a timeout or by `stop()`) may still reach the apiserver and name this holder."""
+        self._writing = record
+        try:
+            written = await write(record)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self._writing = None  # answered: it did not land
+            raise
+        self._writing = None
+        return written
 
     def _expires_in(self) -> float | None:
         """Seconds until another holder's lease lapses as this replica sees it, if held."""
@@ -397,6 +432,7 @@ class LeaderElector:
     def _begin_term(self) -> None:
         self._terms += 1
         self._term = Term(self._terms)
+        self._term_lease = self._observed
         self._leading.set()
         observed = self._observed
         _log.info(
@@ -423,27 +459,68 @@ class LeaderElector:
         if self._on_change is not None:
             self._on_change(False)
 
-    async def _release(self) -> None:
-        """Empty the holder, so a standby need not wait for the lease to expire."""
-        observed = self._observed
-        if observed is None or observed.holder != self.identity:
-            return
-        now = micro_time(self._wall())
-        released = replace(
-            observed,
-            holder="",
-            lease_duration_seconds=RELEASED_LEASE_DURATION,
-            acquire_time=now,
-            renew_time=now,
+    def _holds(self, record: LeaseRecord | None, claim: LeaseRecord) -> bool:
+        """The Lease still names this replica, in the term `claim` was written in."""
+        return (
+            record is not None
+            and record.holder == self.identity
+            and (record.acquire_time, record.transitions) == (claim.acquire_time, claim.transitions)
         )
+
+    async def _release(self, claim: LeaseRecord) -> None:
+        """Empty the holder, so a standby need not wait for the lease to expire; only
+        while the Lease is still this replica's in the term of `claim`."""
+        lease = self._lease_name()
+        now = micro_time(self._wall())
+        writes = 0
         try:
             async with asyncio.timeout(RELEASE_TIMEOUT):
-                self._observed = await self.store.update(released)
+                record = self._observed
+                if not self._holds(record, claim):
+                    record = await self.store.get()  # the last write's answer never came
+                while True:
+                    if writes and record and not record.holder and record.renew_time == now:
+                        break  # our own release, whose answer was lost
+                    if record is None or not self._holds(record, claim):
+                        _log.info(
+                            "not releasing the Lease: no longer held in this term",
+                            extra={
+                                "lease": lease,
+                                "identity": self.identity,
+                                "leader": (record.holder or None) if record else None,
+                            },
+                        )
+                        self._observed = record
+                        return
+                    writes += 1
+                    released = replace(
+                        record,
+                        holder="",
+                        lease_duration_seconds=RELEASED_LEASE_DURATION,
+                        acquire_time=now,
+                        renew_time=now,
+                    )
+                    try:
+                        self._observed = await self.store.update(released)
+                        break
+                    except LeaseConflict:
+                        if writes >= RELEASE_ATTEMPTS:
+                            raise
+                    # Most likely the renewal the stop cancelled, which landed anyway.
+                    _log.info(
+                        "the Lease changed while releasing it, reading it again",
+                        extra={"lease": lease, "attempt": writes},
+                    )
+                    record = await self.store.get()
         except (LeaseConflict, LeaseUnavailable, TimeoutError) as exc:
-            # Someone else wrote it, or the apiserver is away: the Lease expires on its own.
+            # The apiserver is away, or the Lease kept changing: it expires on its own.
             _log.warning(
                 "could not release the Lease",
-                extra={"lease": self._lease_name(), "error": str(exc)},
+                extra={
+                    "lease": lease,
+                    "error": str(exc) or type(exc).__name__,
+                    "attempts": writes,
+                },
             )
             return
-        _log.info("released the Lease", extra={"lease": self._lease_name()})
+        _log.info("released the Lease", extra={"lease": lease, "attempts": writes})
