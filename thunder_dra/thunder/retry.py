@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from thunder_dra.backoff import backoff_delay
 from thunder_dra.thunder.errors import (
     ArtifactError,
     RateLimited,
@@ -61,9 +62,10 @@ class RetryOn(enum.Enum):
 class RetryPolicy:
     """At most ``max_attempts`` attempts, all within ``budget`` seconds.
 
-    The n-th wait is drawn uniformly from [c/2, c] with c = min(max_backoff,
-    initial_backoff * 2**(n-1)): exponential, capped, and jittered so that many daemons
-    failing together do not retry in lockstep.
+    The n-th wait is :func:`thunder_dra.backoff.backoff_delay` of n, from
+    ``initial_backoff`` up to ``max_backoff``: drawn uniformly from [c/2, c] with
+    c = min(max_backoff, initial_backoff * 2**(n-1)), so that many daemons failing
+    together do not retry in lockstep.
     """
 
     max_attempts: int = 5
@@ -80,8 +82,7 @@ class RetryPolicy:
             raise ValueError("budget must be positive")
 
     def delay(self, retry_number: int, rng: random.Random, retry_after: float | None) -> float:
-        ceiling = min(self.max_backoff, self.initial_backoff * 2 ** (retry_number - 1))
-        wait = rng.uniform(ceiling / 2, ceiling)
+        wait = backoff_delay(retry_number, base=self.initial_backoff, cap=self.max_backoff, rng=rng)
         if retry_after is not None and retry_after > 0:
             # Honour the server's hint, but never beyond the policy's cap.
             wait = max(wait, min(retry_after, self.max_backoff))

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import copy
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pydantic import ValidationError
 from thunder_dra.api.client import ClientPhase
 from thunder_dra.api.constants import API_VERSION, DOMAIN, THUNDER_CLUSTER_KIND
 from thunder_dra.api.thundercluster import ThunderCluster, ThunderClusterStatus
+from thunder_dra.backoff import backoff_delay
 from thunder_dra.controllers.inventory.reconciler import InventoryReconciler, InventoryResult
 from thunder_dra.controllers.process.options import OperatorOptions
 from thunder_dra.controllers.reaper import Reaper
@@ -91,13 +91,6 @@ def plain(body: Mapping[str, Any], *, with_status: bool = True) -> dict[str, Any
 def fingerprint(body: Mapping[str, Any]) -> tuple[Any, Any]:
     metadata = body.get("metadata") or {}
     return metadata.get("generation"), (metadata.get("annotations") or {}).get(RECONCILE_ANNOTATION)
-
-
-def backoff_delay(failures: int, *, base: float = BACKOFF_BASE, cap: float = BACKOFF_MAX) -> float:
-    """Seconds to wait after `failures` consecutive failed passes: exponential, capped,
-    with full jitter over the upper half so replicas and loops do not retry in step."""
-    ceiling = min(cap, base * 2 ** min(max(failures - 1, 0), 16))
-    return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not a secret
 
 
 def spec_errors(exc: ValidationError) -> str:
@@ -182,7 +175,7 @@ class ClusterLoop:
             except KubeError as exc:
                 # The API server is unreachable or refused a read: nothing to report it on.
                 self._inventory_failures += 1
-                delay = backoff_delay(self._inventory_failures)
+                delay = backoff_delay(self._inventory_failures, base=BACKOFF_BASE, cap=BACKOFF_MAX)
                 _log.warning(
                     "reconcile failed, retrying",
                     extra={"cluster": self.name, "error": str(exc), "retry_in": round(delay, 1)},
@@ -192,7 +185,7 @@ class ClusterLoop:
             except Exception as exc:
                 # A bug or an unexpected API answer: report it and keep the loop alive.
                 self._inventory_failures += 1
-                delay = backoff_delay(self._inventory_failures)
+                delay = backoff_delay(self._inventory_failures, base=BACKOFF_BASE, cap=BACKOFF_MAX)
                 _log.exception(
                     "reconcile failed, retrying",
                     extra={"cluster": self.name, "retry_in": round(delay, 1)},
@@ -389,7 +382,9 @@ class ClusterLoop:
                 # Whatever the API server or Thunder did (timeouts, resets, 5xx, a body
                 # of the wrong shape), the reaper must live on: orphans still cost money.
                 self._reaper_failures += 1
-                delay = backoff_delay(self._reaper_failures, cap=REAPER_MAX_INTERVAL)
+                delay = backoff_delay(
+                    self._reaper_failures, base=BACKOFF_BASE, cap=REAPER_MAX_INTERVAL
+                )
                 reason = exc.reason if isinstance(exc, KubeError) else ""
                 self.services.metrics.reconcile_errors.labels(
                     "reaper", reason or type(exc).__name__
