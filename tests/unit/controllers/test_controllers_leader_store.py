@@ -5,6 +5,8 @@ elector campaigns on that client against the in-memory apiserver."""
 from __future__ import annotations
 
 import asyncio
+import logging
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -18,7 +20,7 @@ from thunder_dra.controllers.process.leader import (
 )
 from thunder_dra.controllers.process.main import Operator
 from thunder_dra.controllers.process.options import ElectionTimings, parse_options
-from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.client import KubeClient, Request, Response
 from thunder_dra.kube.resources import LEASES, SECRETS
 
 pytestmark = pytest.mark.unit
@@ -108,6 +110,55 @@ async def test_the_elector_leads_and_releases_through_the_shared_client() -> Non
     released = fake.get(LEASES.item(LEASE, NAMESPACE))
     assert released is not None
     assert released["spec"].get("holderIdentity") is None
+
+
+@dataclass
+class UnansweredRenewal(FakeKube):
+    """Once armed, applies the next Lease PUT and never answers it: a renewal still in
+    flight when the stop cancels it, which the apiserver carries out all the same."""
+
+    armed: bool = False
+    landed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def send(self, request: Request) -> Response:
+        answer = await super().send(request)
+        if self.armed and request.method == "PUT" and "/leases/" in request.path:
+            self.armed = False
+            self.landed.set()
+            await asyncio.Event().wait()
+        return answer
+
+
+async def test_a_release_racing_a_renewal_that_landed_unanswered_still_releases(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="thunder_dra.controllers.process.leader")
+    fake = UnansweredRenewal()
+    kube = _shared(fake)
+    # Deadlines far beyond the test, so the unanswered renewal is cut off by the stop
+    # alone, never by its own timeout.
+    timings = ElectionTimings(lease_duration=60, renew_deadline=30, retry_period=0.05)
+    store = KubeLeaseStore(kube, NAMESPACE, LEASE, request_timeout=timings.renew_deadline)
+    elector = LeaderElector(store, "replica-a", timings)
+    elector.start()
+    try:
+        async with asyncio.timeout(CLIENT_TIMEOUT / 2):
+            await elector.wait_for_term()
+            fake.armed = True
+            await fake.landed.wait()
+    finally:
+        await elector.stop(release=True)
+    released = fake.get(LEASES.item(LEASE, NAMESPACE))
+    assert released is not None
+    assert released["spec"].get("holderIdentity") is None
+    assert released["spec"]["leaseDurationSeconds"] == 1
+    # The release at the version read before the renewal conflicted ("Lease ... changed"):
+    # read again, then released at the version the renewal left.
+    lease_calls = fake.calls(path=LEASES.collection(NAMESPACE))
+    assert [r.method for r in lease_calls][-3:] == ["PUT", "GET", "PUT"]
+    assert "the Lease changed while releasing it" in caplog.text
+    assert "released the Lease" in caplog.text
+    assert "could not release the Lease" not in caplog.text
 
 
 def test_the_operator_elects_through_its_own_client_bounded_by_the_renew_deadline() -> None:
