@@ -34,7 +34,7 @@ tools: ## Build (once, cached) etcd, kube-apiserver, scheduler, controller-manag
 
 .PHONY: proto
 proto: $(STAMP) ## Regenerate the Python gRPC stubs from proto/
-	hack/gen-proto.sh
+	release/gen-proto.sh
 
 .PHONY: crds
 crds: $(STAMP) ## Regenerate crds/ and docs/configuration.md from the pydantic models
@@ -48,7 +48,7 @@ lint: $(STAMP) ## ruff lint and format check
 
 .PHONY: typecheck
 typecheck: $(STAMP) ## mypy --strict
-	$(VENV)/bin/mypy --strict thunder_dra hack tests $(wildcard bench/*.py)
+	$(VENV)/bin/mypy --strict thunder_dra hack ops release tests $(wildcard bench/*.py)
 
 # The unit tests share no state between tests but their own process's caches, so they run
 # on every CPU (pytest-xdist). UNIT_WORKERS=0 runs them in the one pytest process.
@@ -107,7 +107,7 @@ CHART := charts/thunder-device-plugin
 
 .PHONY: build
 build: $(STAMP) ## Wheel and sdist into dist/, version stamped (BUILD_VERSION=0.2.0 for a release)
-	$(PY) -m hack.build_dist
+	$(PY) -m release.build_dist
 
 .PHONY: image
 image: $(STAMP) ## Operator and daemon images as OCI archives, no docker: Debian packages + wheels (root; cached)
@@ -116,7 +116,7 @@ image: $(STAMP) ## Operator and daemon images as OCI archives, no docker: Debian
 
 .PHONY: image-docker
 image-docker: ## Operator and daemon images from containers/ with docker (needs a docker engine)
-	hack/images.sh build
+	release/images.sh build
 
 .PHONY: node-tools
 node-tools: ## Build (once, cached) kubelet, containerd and the pause image; install runc, CNI plugins (root)
@@ -136,17 +136,17 @@ node-cleanup: $(STAMP) ## Remove what a real node whose launcher died left behin
 
 .PHONY: push
 push: ## Push the images (REGISTRY=..., IMAGE_TAG=...; needs a docker engine)
-	hack/images.sh push
+	release/images.sh push
 
 .PHONY: image-buildx
 image-buildx: ## Multi-platform images with docker buildx, pushed (PLATFORMS=...)
-	hack/images.sh buildx
+	release/images.sh buildx
 
 .PHONY: sync-crds
 sync-crds: $(STAMP) tools ## Copy crds/ into the chart, config/ and the bundle
 	cp crds/*.yaml $(CHART)/crds/
 	cp crds/*.yaml config/crd/bases/
-	$(PY) -m hack.bundle
+	$(PY) -m release.bundle
 
 .PHONY: helm-lint
 helm-lint: tools ## helm lint --strict the chart and the test charts
@@ -154,49 +154,49 @@ helm-lint: tools ## helm lint --strict the chart and the test charts
 
 .PHONY: helm-schema
 helm-schema: $(STAMP) tools ## Check values.schema.json rejects a misspelled key, naming it
-	$(PY) -m hack.helm_schema
+	$(PY) -m release.helm_schema
 
 .PHONY: helm-docs
 helm-docs: $(STAMP) ## Regenerate the chart README (values reference) from values + schema
-	$(PY) -m hack.helm_docs
+	$(PY) -m release.helm_docs
 
 .PHONY: helm-package
 helm-package: tools helm-lint ## Package the chart into dist/
-	$(PY) -m hack.helm_docs --check
+	$(PY) -m release.helm_docs --check
 	$(HELM) package $(CHART) --destination dist
 
 .PHONY: bundle
 bundle: $(STAMP) tools ## Regenerate the OLM bundle in bundle/ from config/
-	$(PY) -m hack.bundle
+	$(PY) -m release.bundle
 
 .PHONY: bundle-validate
 bundle-validate: ## Validate bundle/ with the operator-framework validators (OperatorHub, good practices)
-	$$(hack/build-bundle-validate.sh) -warnings-as-errors bundle/
+	$$(release/build-bundle-validate.sh) -warnings-as-errors bundle/
 
 .PHONY: verify
 verify: $(STAMP) tools ## Chart, examples, config/ and bundle: render, compare, validate, server-side dry-run
-	$(PY) -m hack.verify
+	$(PY) -m release.verify
 
 .PHONY: preflight
 preflight: $(STAMP) ## Check the current kubeconfig's cluster can run the driver
-	$(PY) -m hack.preflight
+	$(PY) -m ops.preflight
 
 .PHONY: install
 install: $(STAMP) ## Install or upgrade from the local chart (needs THUNDER_API_TOKEN)
-	$(PY) -m hack.ops install
+	$(PY) -m ops.deploy install
 
 .PHONY: uninstall
 uninstall: $(STAMP) ## helm uninstall, after typing the context back (FORCE=1, YES=1)
-	$(PY) -m hack.ops uninstall
+	$(PY) -m ops.deploy uninstall
 
 .PHONY: status
 status: $(STAMP) ## Release, operator, daemon, ThunderCluster and published inventory
-	$(PY) -m hack.ops status
+	$(PY) -m ops.deploy status
 
 .PHONY: logs
 logs: $(STAMP) ## Operator and daemon logs (COMPONENT=operator|daemon, FOLLOW=1)
-	$(PY) -m hack.ops logs
+	$(PY) -m ops.deploy logs
 
 .PHONY: purge
 purge: $(STAMP) ## Remove the release and everything the driver wrote (FORCE=1, YES=1)
-	$(PY) -m hack.ops purge
+	$(PY) -m ops.deploy purge

@@ -1,1 +1,1 @@
-"""Development and test tooling: local control plane, fake Thunder service, fake host tools."""
+"""The test platform: local control plane, real node, fake Thunder service, fake host tools."""

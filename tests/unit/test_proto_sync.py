@@ -26,16 +26,16 @@ def _generated_files(directory: Path) -> dict[str, bytes]:
 
 def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
     subprocess.run(
-        [str(ROOT / "hack" / "gen-proto.sh"), str(tmp_path)],
+        [str(ROOT / "release" / "gen-proto.sh"), str(tmp_path)],
         check=True,
         capture_output=True,
         timeout=120,
     )
     fresh = _generated_files(tmp_path)
     committed = _generated_files(COMMITTED)
-    assert sorted(fresh) == sorted(committed), "run hack/gen-proto.sh (make proto)"
+    assert sorted(fresh) == sorted(committed), "run release/gen-proto.sh (make proto)"
     stale = [name for name in fresh if fresh[name] != committed[name]]
-    assert stale == [], f"stale generated stubs {stale}: run hack/gen-proto.sh (make proto)"
+    assert stale == [], f"stale generated stubs {stale}: run release/gen-proto.sh (make proto)"
 
 
 def _methods(module: object, service: str) -> list[str]:

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[3]
 @pytest.fixture(scope="module")
 def validator() -> str:
     built = subprocess.run(
-        [str(REPO / "hack" / "build-bundle-validate.sh")],
+        [str(REPO / "release" / "build-bundle-validate.sh")],
         check=True,
         capture_output=True,
         text=True,

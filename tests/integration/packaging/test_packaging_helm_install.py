@@ -27,9 +27,9 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from hack import helm_test
 from hack.cluster import Cluster
 from hack.testbed.kube import Kube, wait_for
+from ops import helm_test
 
 CHART = "charts/thunder-device-plugin"
 GROUP = "thundercompute.com/v1alpha1"

@@ -16,7 +16,7 @@ cannot be bound (not root), the test does what test_packaging_helm_install does:
 deletes the webhook Service, so webhook calls fail inside the API server, and skips
 the checks that need the webhook served.
 
-Last, `hack/ops.py uninstall` runs while the operator is up: it deletes the
+Last, `ops/deploy.py uninstall` runs while the operator is up: it deletes the
 ThunderCluster first, the operator releases its kopf finalizer, and the release goes.
 """
 
@@ -42,7 +42,6 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from hack import helm_test
 from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
 from hack.testbed.kube import Kube, wait_for
@@ -55,6 +54,7 @@ from hack.testbed.operator import (
     OperatorEnv,
     OperatorProcess,
 )
+from ops import helm_test
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = "charts/thunder-device-plugin"
@@ -394,7 +394,7 @@ def test_ops_uninstall_deletes_the_thundercluster_while_the_operator_runs(
     for name in ("FORCE", "THUNDER_API_TOKEN", "OPERATOR_WAIT"):
         env.pop(name, None)
     done = subprocess.run(
-        [sys.executable, "-m", "hack.ops", "uninstall"],
+        [sys.executable, "-m", "ops.deploy", "uninstall"],
         env=env,
         cwd=REPO,
         capture_output=True,

@@ -59,7 +59,7 @@ def _env(plane: Cluster, **extra: str) -> dict[str, str]:
 
 def _ops(plane: Cluster, command: str, answer: str | None = None, **extra: str) -> Session:
     return run_on_pty(
-        [sys.executable, "-m", "hack.ops", command],
+        [sys.executable, "-m", "ops.deploy", command],
         _env(plane, **extra),
         prompt=PROMPT if answer is not None else None,
         answer=answer or "",

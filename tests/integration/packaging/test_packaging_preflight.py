@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from hack import preflight
 from hack.cluster import Cluster, ClusterConfig
 from hack.testbed.kube import Kube
+from ops import preflight
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -66,7 +66,7 @@ def test_serving_nodes_without_a_zone_fail_the_report(stock_134: Cluster) -> Non
         # The readable report, as `make preflight` prints it.
         env = {**os.environ, "KUBECONFIG": str(stock_134.kubeconfig)}
         done = subprocess.run(
-            [sys.executable, "-m", "hack.preflight"],
+            [sys.executable, "-m", "ops.preflight"],
             cwd=REPO,
             env=env,
             capture_output=True,

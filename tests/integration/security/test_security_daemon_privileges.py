@@ -29,7 +29,6 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from hack import bundle
 from hack.cluster import Cluster, binaries
 from hack.cluster.nodes import create_node, delete_node
 from hack.fake_thunder import FakeThunderProcess
@@ -40,6 +39,7 @@ from hack.testbed.daemon import (
     ZonePool,
 )
 from hack.testbed.kube import Kube, wait_for
+from release import bundle
 from thunder_dra.controllers.process.policies import apply_policies, operator_identity, rendered
 from thunder_dra.kube.admissionpolicy import SUFFIXES
 from thunder_dra.kube.provenance import ProvenanceKey

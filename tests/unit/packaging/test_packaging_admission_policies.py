@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hack import bundle
+from release import bundle
 from tests.unit.packaging.chartkit import REPO, Manifests, kustomize, render
 from thunder_dra.controllers.process.policies import operator_identity, rendered
 from thunder_dra.kube import admissionpolicy

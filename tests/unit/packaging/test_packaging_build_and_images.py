@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hack import build_dist
+from release import build_dist
 from tests.unit.packaging.chartkit import REPO
 
 
@@ -37,7 +37,7 @@ def test_images_stop_clearly_without_a_docker_engine(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}
     for action in ("build", "push", "buildx"):
         done = subprocess.run(
-            [str(REPO / "hack" / "images.sh"), action],
+            [str(REPO / "release" / "images.sh"), action],
             env=env,
             check=False,
             capture_output=True,

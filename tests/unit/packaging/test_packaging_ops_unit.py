@@ -1,4 +1,4 @@
-"""hack/ops.py decisions that need no cluster: settings, the prompt and the guard."""
+"""ops/deploy.py decisions that need no cluster: settings, the prompt and the guard."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hack import ops
+from ops import deploy as ops
 
 
 def test_settings_come_from_the_make_variables() -> None:

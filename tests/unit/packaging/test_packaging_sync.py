@@ -5,7 +5,7 @@ from __future__ import annotations
 import filecmp
 from typing import Any
 
-from hack import bundle, helm_docs
+from release import bundle, helm_docs
 from tests.unit.packaging.chartkit import CHART, REPO, Manifests, kustomize, render
 
 CRDS = sorted((REPO / "crds").glob("*.yaml"))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hack import helm_schema
+from release import helm_schema
 from tests.unit.packaging.chartkit import CHART, REPO, RenderError, render
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())

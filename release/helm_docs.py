@@ -1,9 +1,9 @@
 # Generates the chart README (the full values reference) from README.tmpl.md,
 # values.yaml, values.schema.json and the values files in examples/.
 #
-#   .venv/bin/python -m hack.helm_docs            # write charts/<chart>/README.md
-#   .venv/bin/python -m hack.helm_docs --check    # exit 1 if README.md is out of date
-#   .venv/bin/python -m hack.helm_docs --chart charts/tests/pod
+#   .venv/bin/python -m release.helm_docs            # write charts/<chart>/README.md
+#   .venv/bin/python -m release.helm_docs --check    # exit 1 if README.md is out of date
+#   .venv/bin/python -m release.helm_docs --chart charts/tests/pod
 """Chart README generation: one table per top-level value, from the schema and defaults."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 # DRAExtendedResource gate), KubeVirt present or not, serving nodes labelled with a
 # zone, and the API token Secret. Changes nothing in the cluster.
 #
-#   .venv/bin/python -m hack.preflight [--context C] [--namespace thunder-system]
+#   .venv/bin/python -m ops.preflight [--context C] [--namespace thunder-system]
 #       [--secret-name thunder-api] [--json]                         # make preflight
 #
 # Exit status: 0 when nothing failed (warnings allowed), 1 when a check failed.

@@ -3,9 +3,9 @@
 # thunder_dra/proto_gen/ (messages, services and .pyi type stubs), using grpcio-tools'
 # bundled protoc so the output depends only on the pinned grpcio-tools version.
 #
-#   hack/gen-proto.sh              # regenerate thunder_dra/proto_gen/
-#   hack/gen-proto.sh OUT_DIR      # generate into OUT_DIR instead (the sync test does this)
-#   PYTHON=/path/to/python hack/gen-proto.sh   # use another interpreter with grpcio-tools
+#   release/gen-proto.sh              # regenerate thunder_dra/proto_gen/
+#   release/gen-proto.sh OUT_DIR      # generate into OUT_DIR instead (the sync test does this)
+#   PYTHON=/path/to/python release/gen-proto.sh   # use another interpreter with grpcio-tools
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,7 +45,7 @@ for name in sys.argv[1:]:
 PY
 
 cat > "$out/__init__.py" <<'PY'
-"""Generated gRPC stubs for the kubelet plugin protocols in proto/ (hack/gen-proto.sh).
+"""Generated gRPC stubs for the kubelet plugin protocols in proto/ (release/gen-proto.sh).
 
 Do not edit; regenerate. Modules: pluginregistration_v1, dra_v1, dra_v1beta1,
 dra_health_v1alpha1, each as ``<name>_pb2`` (messages) and ``<name>_pb2_grpc`` (services).

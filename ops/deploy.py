@@ -1,11 +1,11 @@
 # Operates a thunder-device-plugin deployment on the cluster of the current kubeconfig:
 # the seed's make install / uninstall / status / logs / purge.
 #
-#   .venv/bin/python -m hack.ops install     # needs THUNDER_API_TOKEN: namespace, Secret, helm
-#   .venv/bin/python -m hack.ops uninstall   # helm uninstall, after typing the context back
-#   .venv/bin/python -m hack.ops status      # release, operator, daemon, ThunderCluster, inventory
-#   .venv/bin/python -m hack.ops logs        # operator and daemon logs (COMPONENT=, FOLLOW=1)
-#   .venv/bin/python -m hack.ops purge       # the release and everything the driver wrote
+#   .venv/bin/python -m ops.deploy install   # needs THUNDER_API_TOKEN: namespace, Secret, helm
+#   .venv/bin/python -m ops.deploy uninstall # helm uninstall, after typing the context back
+#   .venv/bin/python -m ops.deploy status    # release, operator, daemon, ThunderCluster, inventory
+#   .venv/bin/python -m ops.deploy logs      # operator and daemon logs (COMPONENT=, FOLLOW=1)
+#   .venv/bin/python -m ops.deploy purge     # the release and everything the driver wrote
 #
 # Settings (environment, as the make targets pass them): RELEASE (thunder-device-plugin),
 # NAMESPACE (thunder-system), CHART (charts/thunder-device-plugin), HELM_ARGS (extra

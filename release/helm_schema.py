@@ -4,7 +4,8 @@
 # render, any not named there again on its own). Also checks the schema is
 # self-contained (no remote $ref, which Helm would fetch over the network).
 #
-#   .venv/bin/python -m hack.helm_schema [--chart charts/thunder-device-plugin]   # make helm-schema
+#   .venv/bin/python -m release.helm_schema [--chart charts/thunder-device-plugin]
+#       (make helm-schema)
 """A misspelled --set key must fail the install, naming the key."""
 
 from __future__ import annotations

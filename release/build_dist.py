@@ -2,8 +2,8 @@
 # stamped: $BUILD_VERSION when set (a release), otherwise the pyproject version with the
 # commit as a local label (0.1.0+g1a2b3c4, .dirty when the tree has changes).
 #
-#   .venv/bin/python -m hack.build_dist                 # make build
-#   BUILD_VERSION=0.2.0 .venv/bin/python -m hack.build_dist   # a release build
+#   .venv/bin/python -m release.build_dist                 # make build
+#   BUILD_VERSION=0.2.0 .venv/bin/python -m release.build_dist   # a release build
 #
 # The package reports the stamped version (thunder_dra.__version__, the Thunder API
 # User-Agent). It builds from a copy of the sources, so the tree is left untouched.

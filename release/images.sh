@@ -3,9 +3,9 @@
 # Needs a working docker engine (`docker info` must succeed); stops with a message
 # and exit code 2 otherwise.
 #
-#   hack/images.sh build     # both images, for the local platform (make image)
-#   hack/images.sh push      # push both (make push)
-#   hack/images.sh buildx    # multi-platform build and push with buildx (make image-buildx)
+#   release/images.sh build     # both images, for the local platform (make image-docker)
+#   release/images.sh push      # push both (make push)
+#   release/images.sh buildx    # multi-platform build and push with buildx (make image-buildx)
 #
 # Settings (environment): REGISTRY (ghcr.io/thunder-compute), IMAGE_TAG (default:
 # <pyproject version>-<commit time of HEAD in UTC>), BUILD_VERSION (the package version

@@ -5,10 +5,10 @@
 # command with the local kubectl, impersonating the Pod's ServiceAccount, so the same
 # check runs with the same permissions. Exit status: that of the first failing check.
 #
-#   .venv/bin/python -m hack.helm_test [--release thunder-device-plugin]
+#   .venv/bin/python -m ops.helm_test [--release thunder-device-plugin]
 #       [--namespace thunder-system] [--keep]
 #
-# KUBECONFIG, KUBECTL and HELM as for hack/ops.py.
+# KUBECONFIG, KUBECTL and HELM as for ops/deploy.py.
 """The chart's `helm test`, run from outside the cluster."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from hack.ops import tool
+from ops.deploy import tool
 
 HOOK: str = "helm.sh/hook"
 WEIGHT: str = "helm.sh/hook-weight"

@@ -6,7 +6,7 @@
 #   3. the CRDs in charts/, config/ and bundle/ byte-identical to crds/;
 #   4. the chart README, bundle/ and the admission policies generated from
 #      thunder_dra/kube/admissionpolicy.py up to date; the bundle passing the
-#      operator-framework validators (hack/build-bundle-validate.sh);
+#      operator-framework validators (release/build-bundle-validate.sh);
 #   5. every rendered manifest through `kubectl apply --server-side --dry-run=server
 #      --validate=strict` on a throwaway local control plane per version (1.34
 #      emulated and 1.37), after creating the namespaces, CRDs and ServiceAccounts
@@ -15,7 +15,7 @@
 # KubeVirt) get permissive stand-in CRDs there, so only their metadata is checked;
 # the report says so.
 #
-#   .venv/bin/python -m hack.verify [--versions 1.34,1.37] [--skip-cluster]
+#   .venv/bin/python -m release.verify [--versions 1.34,1.37] [--skip-cluster]
 """make verify: render, compare, validate and server-side dry-run everything."""
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from typing import Any, Final
 
 import yaml
 
-from hack import bundle, helm_docs
 from hack.cluster import Cluster, ClusterConfig, binaries
+from release import bundle, helm_docs
 from thunder_dra.kube import admissionpolicy
 
 REPO: Final = Path(__file__).resolve().parents[1]
@@ -180,7 +180,7 @@ def docs_and_bundle() -> list[str]:
         raise Failure("bundle/ is stale (make bundle)")
     if admissionpolicy.main(["--check"]) != 0:
         raise Failure("admission policies are stale (python -m thunder_dra.kube.admissionpolicy)")
-    tool = _run([str(REPO / "hack" / "build-bundle-validate.sh")])
+    tool = _run([str(REPO / "release" / "build-bundle-validate.sh")])
     if tool.returncode:
         raise Failure(f"building bundle-validate: {tool.stderr}")
     done = _run([tool.stdout.strip(), "-warnings-as-errors", str(REPO / "bundle")])

@@ -3,12 +3,13 @@
 # OLM bundle validators) through the Go module proxy into a cache keyed by its sources
 # and the Go version, and prints the binary's path. Builds only when it is missing.
 #
-#   hack/build-bundle-validate.sh          # build if needed, print the binary's path
-#   hack/build-bundle-validate.sh --print  # only print the path (may not exist yet)
+#   release/build-bundle-validate.sh          # build if needed, print the binary's path
+#   release/build-bundle-validate.sh --print  # only print the path (may not exist yet)
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-mod="$here/tools/bundle-validate"
+# The Go module lives with the other pinned Go builds, under hack/tools.
+repo=$(cd "$(dirname "$0")/.." && pwd)
+mod="$repo/hack/tools/bundle-validate"
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/thunder-dra/bundle-validate"
 
 go_version=$(go env GOVERSION)
