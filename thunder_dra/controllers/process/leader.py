@@ -45,6 +45,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 from thunder_dra.controllers.process.options import ElectionTimings
+from thunder_dra.kube import bodies
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import Conflict, KubeError
 from thunder_dra.kube.resources import LEASES
@@ -126,14 +127,14 @@ class KubeLeaseStore:
 
     @staticmethod
     def _record(lease: Mapping[str, Any]) -> LeaseRecord:
-        spec = lease.get("spec") or {}
+        spec = bodies.spec(lease)
         return LeaseRecord(
             holder=str(spec.get("holderIdentity") or ""),
             lease_duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
             acquire_time=spec.get("acquireTime"),
             renew_time=spec.get("renewTime"),
             transitions=int(spec.get("leaseTransitions") or 0),
-            resource_version=(lease.get("metadata") or {}).get("resourceVersion"),
+            resource_version=bodies.resource_version(lease),
         )
 
     def _body(self, record: LeaseRecord) -> dict[str, Any]:
@@ -271,7 +272,8 @@ class LeaderElector:
             self._task = asyncio.create_task(self.run(), name="leader election")
 
     async def stop(self, *, release: bool = True) -> None:
-        """Stop campaigning; as the leader, end the term and release the Lease.
+        """Stop campaigning; as the leader (or with an acquisition that the stop cut off
+        on its way to the apiserver), end the term and release the Lease.
 
         Call it after the reconcile loops have stopped: a released Lease is taken by a
         standby within its retry period. The elector's task has ended (and can write no
