@@ -1,1 +1,2 @@
-"""Helpers shared by the integration and end-to-end tests."""
+"""Helpers shared by the unit, integration and end-to-end tests, among them the in-memory
+apiserver (``fakekube``) and one operator pass on it (``operator_pass``)."""
