@@ -45,12 +45,12 @@ from pydantic import ValidationError
 
 from thunder_dra.api.client import Client, ClientPhase
 from thunder_dra.api.constants import CLIENT_FINALIZER
-from thunder_dra.controllers.shared.events import EventRecorder, ObjectRef
 from thunder_dra.controllers.shared.metrics import OperatorMetrics
 from thunder_dra.controllers.shared.objects import ClaimIndex
 from thunder_dra.controllers.shared.status import utcnow
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError, NotFound
+from thunder_dra.kube.events import EventRecorder, ObjectRef
 from thunder_dra.kube.provenance import ANNOTATION, ProvenanceKey
 from thunder_dra.kube.resources import CLIENTS
 from thunder_dra.thunder import ThunderClient, ThunderError

@@ -16,9 +16,9 @@ from thunder_dra.api.thundercluster import ThunderCluster
 from thunder_dra.controllers.process.loop import ClusterLoop
 from thunder_dra.controllers.process.main import Operator
 from thunder_dra.controllers.process.options import parse_options
-from thunder_dra.controllers.shared.events import EventRecorder
 from thunder_dra.controllers.workload.daemonset import DAEMONSET_NAME
 from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.events import EventRecorder
 from thunder_dra.kube.resources import DAEMON_SETS
 
 pytestmark = pytest.mark.unit
@@ -61,7 +61,8 @@ async def _daemonset_written(
         parse_options(argv or [], environ={"THUNDER_NAMESPACE": NAMESPACE, **environ})
     )
     kube = KubeClient(FakeKube())
-    services = dataclasses.replace(operator.services, kube=kube, events=EventRecorder(kube, "test"))
+    events = EventRecorder(kube, component="thunder-operator", instance="test", scrub=str)
+    services = dataclasses.replace(operator.services, kube=kube, events=events)
     loop = ClusterLoop(services, "tc-uid", "thunder")
     await loop._reconcile_daemonset(_cluster(**spec))
     stored = await kube.get(DAEMON_SETS.item(DAEMONSET_NAME, NAMESPACE))

@@ -47,7 +47,6 @@ from thunder_dra.controllers.inventory.slices import (
     zone_of_slice,
 )
 from thunder_dra.controllers.inventory.thunder import ThunderInventory, read_inventory
-from thunder_dra.controllers.shared.events import EventRecorder, ObjectRef
 from thunder_dra.controllers.shared.metrics import OperatorMetrics
 from thunder_dra.controllers.shared.objects import list_claims, list_device_classes
 from thunder_dra.controllers.shared.status import ConditionState
@@ -55,6 +54,7 @@ from thunder_dra.controllers.shared.thunderapi import ThunderClients, TokenUnava
 from thunder_dra.kube import naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
+from thunder_dra.kube.events import EventRecorder, ObjectRef
 from thunder_dra.kube.resources import DEVICE_CLASSES
 
 _log = logging.getLogger(__name__)

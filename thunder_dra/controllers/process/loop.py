@@ -33,7 +33,6 @@ from thunder_dra.backoff import backoff_delay
 from thunder_dra.controllers.inventory.reconciler import InventoryReconciler, InventoryResult
 from thunder_dra.controllers.process.options import OperatorOptions
 from thunder_dra.controllers.reaper import Reaper
-from thunder_dra.controllers.shared.events import EventRecorder, ObjectRef
 from thunder_dra.controllers.shared.metrics import OperatorMetrics
 from thunder_dra.controllers.shared.objects import list_claims
 from thunder_dra.controllers.shared.status import (
@@ -47,6 +46,7 @@ from thunder_dra.controllers.shared.thunderapi import ThunderClients, TokenUnava
 from thunder_dra.controllers.workload import daemonset
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
+from thunder_dra.kube.events import EventRecorder, ObjectRef
 from thunder_dra.kube.provenance import ProvenanceKey
 from thunder_dra.kube.resources import CLIENTS, THUNDER_CLUSTERS
 

@@ -46,13 +46,14 @@ from thunder_dra.controllers.process.loop import ClusterLoop, Services
 from thunder_dra.controllers.process.options import OperatorOptions
 from thunder_dra.controllers.process.policies import apply_policies, operator_identity
 from thunder_dra.controllers.reaper import Reaper
-from thunder_dra.controllers.shared.events import EventRecorder
 from thunder_dra.controllers.shared.metrics import OperatorMetrics
 from thunder_dra.controllers.shared.objects import DEVICE_CLASS_SELECTOR, INVENTORY_SELECTOR
 from thunder_dra.controllers.shared.thunderapi import ThunderClients
+from thunder_dra.kube.events import EventRecorder
 from thunder_dra.kube.resources import DEVICE_CLASSES, RESOURCE_SLICES, THUNDER_CLUSTERS
 from thunder_dra.kube.transport import build_client, load_configuration
 from thunder_dra.process.health import HealthServer
+from thunder_dra.process.logs import SECRETS
 from thunder_dra.process.metrics import Metrics, process_registry
 from thunder_dra.process.tracing import OPERATOR_SERVICE, configure_tracing
 from thunder_dra.version import user_agent
@@ -83,7 +84,9 @@ class Operator:
             ).inc(),
         )
         instance = os.environ.get("POD_ID") or socket.gethostname()
-        self.events = EventRecorder(self.kube, instance)
+        self.events = EventRecorder(
+            self.kube, component=OPERATOR_SERVICE, instance=instance, scrub=SECRETS.scrub
+        )
         self.thunder_clients = ThunderClients(self.registry)
         self.services = Services(
             options=options,

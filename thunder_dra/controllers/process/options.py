@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Final
 
 from thunder_dra.api import syntax
-from thunder_dra.api.duration import parse_duration
 from thunder_dra.controllers.workload.tracing import (
     DEFAULT_HEADERS_KEY,
     NO_TRACING,
     DaemonTracing,
     SecretKey,
 )
+from thunder_dra.process.flags import duration
 
 DEFAULT_NAMESPACE: Final = "thunder-system"
 DEFAULT_LEASE_NAME: Final = "thunder-dra-operator"
@@ -152,13 +152,6 @@ def _port(value: str) -> int:
     return port
 
 
-def _duration(value: str) -> timedelta:
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(
@@ -208,8 +201,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         variable = "THUNDER_LEADER_ELECTION_" + flag.upper().replace("-", "_")
         parser.add_argument(
             f"--leader-election-{flag}",
-            type=_duration,
-            default=_duration(_env(env, variable, default=default)),
+            type=duration,
+            default=duration(_env(env, variable, default=default)),
             help=f"time {what} (env {variable}; default {default})",
         )
     parser.add_argument(
@@ -315,8 +308,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     parser.add_argument(
         "--kube-request-timeout",
-        type=_duration,
-        default=_duration(_env(env, "THUNDER_KUBE_REQUEST_TIMEOUT", default="60s")),
+        type=duration,
+        default=duration(_env(env, "THUNDER_KUBE_REQUEST_TIMEOUT", default="60s")),
         help="timeout of one Kubernetes API request, the whole answer read; a loop whose "
         "request times out retries with backoff (env THUNDER_KUBE_REQUEST_TIMEOUT; "
         "default 60s)",
