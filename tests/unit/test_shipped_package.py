@@ -2,10 +2,10 @@
 
 The images install `thunder_dra` and nothing else, so two things must hold of it:
 
-- no module of it imports test or development code (`tests`, `hack`, `bench`) or a test
-  library (`pytest`, `hypothesis`): the import would fail in an image, or drag test
-  machinery into the operator and the daemon. Every import statement counts, at module
-  level, inside a function or under `if TYPE_CHECKING:`;
+- no module of it imports test or development code (`tests`, `hack`, `bench`, `ops`,
+  `release`) or a test library (`pytest`, `hypothesis`): the import would fail in an
+  image, or drag test machinery into the operator and the daemon. Every import
+  statement counts, at module level, inside a function or under `if TYPE_CHECKING:`;
 - every module of it is reached by an entry point the product runs. A module nothing
   reaches is a test double, a fixture or dead code, and belongs in `tests/support/`
   or `hack/`, or nowhere.
@@ -15,7 +15,7 @@ The entry points: the console scripts of pyproject.toml (`thunder-operator`,
 their `python -m` twins, and the generators of `crds/` and `docs/configuration.md`
 (`python -m thunder_dra.api.crdgen`, `python -m thunder_dra.api.docgen`), which stay in
 the package because they derive both from the models, the single source of truth, and
-`make generate` and the drift tests run them from there.
+`make crds` and the drift tests run them from there.
 
 Modules are read with `ast`; nothing is imported.
 """
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.unit
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 PACKAGE: Final = "thunder_dra"
-FORBIDDEN: Final = frozenset({"tests", "hack", "bench", "pytest", "hypothesis"})
+FORBIDDEN: Final = frozenset({"tests", "hack", "bench", "ops", "release", "pytest", "hypothesis"})
 """Top-level names no module of the package may import."""
 
 GENERATORS: Final = ("thunder_dra.api.crdgen", "thunder_dra.api.docgen")
