@@ -28,7 +28,6 @@ import asyncio
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ import yaml
 from kubernetes import client, config, dynamic
 
 from bench.docsection import DOC, INTRO, replace_section
+from hack import supervise
 from hack.cluster import Cluster, ClusterConfig, free_port
 from hack.cluster.nodes import create_node
 from hack.fake_host import BIN_DIR, STATE_ENV
@@ -122,12 +122,8 @@ class Environment:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.daemon is not None and self.daemon.poll() is None:
-            self.daemon.send_signal(signal.SIGTERM)
-            try:
-                self.daemon.wait(20)
-            except subprocess.TimeoutExpired:
-                self.daemon.kill()
+        if self.daemon is not None:
+            supervise.stop(self.daemon, 20)
         if self.fake is not None:
             self.fake.stop()
         if self.cluster is not None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,6 +39,7 @@ from typing import Any
 
 from bench.docsection import DOC, INTRO, command_line, replace_section
 from bench.operator_inventory import MODELS, machine, peak_rss_mib
+from hack import supervise
 from hack.testbed.kube import wait_for
 from hack.testbed.operator import StandaloneOperator, standalone_operator
 
@@ -267,13 +267,7 @@ class Bench:
         assert popen is not None
         rss_before_exit = peak_rss_mib(popen.pid)
         signalled = time.monotonic()
-        popen.terminate()
-        try:
-            code: int | None = popen.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            code = None
-            popen.kill()
-            popen.wait()
+        code = popen.returncode if supervise.stop(popen, 120) else None
         exit_seconds = time.monotonic() - signalled
         sampler.stop()
         operator.popen = None
@@ -299,13 +293,7 @@ class Bench:
         republisher = operator.popen
         assert republisher is not None
         signalled = time.monotonic()
-        republisher.terminate()
-        try:
-            publish_code: int | None = republisher.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            publish_code = None
-            republisher.kill()
-            republisher.wait()
+        publish_code = republisher.returncode if supervise.stop(republisher, 120) else None
         publish_exit_seconds = time.monotonic() - signalled
         operator.popen = None
         return {

@@ -16,11 +16,10 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
-import time
 from pathlib import Path
 
+from hack import supervise
 from hack.cluster.launcher import EMULATED_VERSIONS, Cluster, ClusterConfig, ClusterError
 
 
@@ -39,14 +38,6 @@ def parse_gates(text: str) -> dict[str, bool]:
     return gates
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _load_state() -> dict[str, object] | None:
     path = state_dir() / "state.json"
     if not path.exists():
@@ -58,7 +49,7 @@ def _load_state() -> dict[str, object] | None:
 def cmd_up(args: argparse.Namespace) -> int:
     if (state := _load_state()) is not None:
         pids = state.get("pids", {})
-        if isinstance(pids, dict) and all(_alive(int(p)) for p in pids.values()):
+        if isinstance(pids, dict) and all(supervise.alive(int(p)) for p in pids.values()):
             print(f"already running; kubeconfig {state['kubeconfig']}", file=sys.stderr)
             return 0
         cmd_down(args)
@@ -89,15 +80,7 @@ def cmd_down(_: argparse.Namespace) -> int:
     if state is not None:
         pids = state.get("pids", {})
         if isinstance(pids, dict):
-            for pid in pids.values():
-                if _alive(int(pid)):
-                    os.kill(int(pid), signal.SIGTERM)
-            deadline = time.monotonic() + 15
-            for pid in pids.values():
-                while _alive(int(pid)) and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                if _alive(int(pid)):
-                    os.kill(int(pid), signal.SIGKILL)
+            supervise.stop_pids((int(pid) for pid in pids.values()), 15)
     shutil.rmtree(state_dir(), ignore_errors=True)
     return 0
 
@@ -121,7 +104,7 @@ def cmd_status(_: argparse.Namespace) -> int:
     ok = True
     if isinstance(pids, dict):
         for name, pid in pids.items():
-            alive = _alive(int(pid))
+            alive = supervise.alive(int(pid))
             ok = ok and alive
             print(f"{name:26} pid {pid:<8} {'running' if alive else 'STOPPED'}")
     print(f"version {state['version']}, server {state['server']}, kubeconfig {state['kubeconfig']}")

@@ -13,7 +13,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -28,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from hack import supervise
 from hack.cluster.pki import CertificateAuthority, KeyPair, service_account_key
 from hack.tied import tied
 
@@ -403,15 +403,10 @@ class Cluster:
 
     def stop(self) -> None:
         for proc in reversed(self._procs):
-            if proc.popen.poll() is None:
-                proc.popen.send_signal(signal.SIGTERM)
+            supervise.terminate(proc.popen)
         deadline = time.monotonic() + 15
         for proc in reversed(self._procs):
-            try:
-                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait()
+            supervise.reap(proc.popen, max(0.1, deadline - time.monotonic()))
         self._procs.clear()
 
     # -- helpers -------------------------------------------------------------------
@@ -425,7 +420,7 @@ class Cluster:
     def logs(self, name: str) -> str:
         for proc in self._procs:
             if proc.name == name:
-                return proc.log.read_text(errors="replace")
+                return supervise.read_log(proc.log)
         raise KeyError(name)
 
     @property
@@ -461,7 +456,7 @@ class Cluster:
         for proc in self._procs:
             code = proc.popen.poll()
             if code is not None:
-                tail = "\n".join(proc.log.read_text(errors="replace").splitlines()[-25:])
+                tail = supervise.log_tail(proc.log, 25)
                 raise ClusterError(f"{proc.name} exited with code {code}; last lines:\n{tail}")
 
     def _wait_http(self, url: str, name: str, timeout: float) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import signal
 import ssl
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from hack import supervise
 from hack.fake_thunder.admin_client import FakeThunderAdmin
 from hack.fake_thunder.artifact_host import ARTIFACT_PREFIX
 
@@ -80,23 +80,14 @@ class FakeThunderProcess:
         return self._admin
 
     def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return supervise.read_log(self.log_path)
 
     def stop(self) -> int:
         """Stop the process (SIGTERM, then SIGKILL) and return its exit status."""
         if self._admin is not None:
             self._admin.close()
             self._admin = None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(self._stop_timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        supervise.stop(self.process, self._stop_timeout)
         if self.process.stdout is not None:
             self.process.stdout.close()
         for path in self._cleanup:

@@ -45,6 +45,7 @@ from typing import Any
 
 import yaml
 
+from hack import supervise
 from hack.cluster.launcher import Cluster, ClusterConfig, free_port
 from hack.tied import start_tied
 
@@ -254,11 +255,6 @@ def _run(argv: list[str], *, check: bool = True, timeout: float = 120) -> str:
     return proc.stdout
 
 
-def _signal(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signum)
-
-
 def _child_of(pid: int, timeout: float = 10.0) -> int:
     """The (first) child of ``pid``: what an ``nsenter`` or ``unshare --fork`` started."""
     children = Path(f"/proc/{pid}/task/{pid}/children")
@@ -350,15 +346,9 @@ class Node:
 
     def stop(self) -> None:
         for proc in reversed(self._procs):
-            if proc.popen.poll() is None:
-                _signal(proc.target or proc.popen.pid, signal.SIGTERM)
+            supervise.terminate(proc.popen, proc.target or None)
         for proc in reversed(self._procs):
-            try:
-                proc.popen.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                _signal(proc.target or proc.popen.pid, signal.SIGKILL)
-                proc.popen.kill()
-                proc.popen.wait()
+            supervise.reap(proc.popen, 15, proc.target or None)
         if self._record:
             teardown(self._record)
         self._procs.clear()
@@ -763,14 +753,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
         for proc in list(self._procs):
             if proc.name != name:
                 continue
-            if proc.popen.poll() is None:
-                _signal(proc.target or proc.popen.pid, signal.SIGTERM)
-                try:
-                    proc.popen.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    _signal(proc.target or proc.popen.pid, signal.SIGKILL)
-                    proc.popen.kill()
-                    proc.popen.wait()
+            supervise.stop(proc.popen, 15, proc.target or None)
             self._procs.remove(proc)
 
     def _check_alive(self) -> None:
@@ -780,14 +763,10 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
                 raise NodeError(f"{proc.name} exited with code {code}\n{self.log_tail(proc.name)}")
 
     def log_tail(self, name: str, lines: int = 30) -> str:
-        path = self.workdir / f"{name}.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return supervise.log_tail(self.workdir / f"{name}.log", lines)
 
     def logs(self, name: str) -> str:
-        path = self.workdir / f"{name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+        return supervise.read_log(self.workdir / f"{name}.log")
 
 
 # -- teardown ------------------------------------------------------------------------

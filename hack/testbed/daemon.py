@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from typing import Any
 import grpc
 from kubernetes import client as k8s_client
 
+from hack import supervise
 from hack.cluster import free_port
 from hack.cluster.nodes import create_node, delete_node
 from hack.fake_host import BIN_DIR, STATE_ENV, FakeHost
@@ -245,13 +245,7 @@ class DaemonProcess:
         """SIGTERM, then SIGKILL after 20 s; returns the exit code."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        supervise.stop(self.process, 20)
         return self.process.returncode
 
     def kill(self) -> None:
@@ -264,10 +258,7 @@ class DaemonProcess:
         return self.start(crash_at)
 
     def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return supervise.read_log(self.log_path)
 
     def log_records(self) -> list[dict[str, Any]]:
         records = []

@@ -18,7 +18,6 @@ import base64
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -32,6 +31,7 @@ from typing import Any
 from kubernetes import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
+from hack import supervise
 from hack.cluster import Cluster, ClusterConfig, free_port
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
 from hack.testbed.kube import Kube, wait_for
@@ -125,13 +125,7 @@ class OperatorProcess:
     def stop(self, timeout: float = 20) -> int | None:
         if self.popen is None:
             return None
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        supervise.stop(self.popen, timeout)
         code = self.popen.returncode
         self.popen = None
         return code
@@ -142,7 +136,7 @@ class OperatorProcess:
 
     def log_text(self) -> str:
         return "\n".join(
-            path.read_text(errors="replace") for path in sorted(self.log_dir.glob("operator-*.log"))
+            supervise.read_log(path) for path in sorted(self.log_dir.glob("operator-*.log"))
         )
 
     def log_records(self) -> list[dict[str, Any]]:
