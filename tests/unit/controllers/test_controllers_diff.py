@@ -13,17 +13,15 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
+from tests.support.plans import PassPlan, plan_pass
 from thunder_dra.controllers.inventory.capacity import PoolCapacity, TargetSource
 from thunder_dra.controllers.inventory.classes import build_device_classes
 from thunder_dra.controllers.inventory.plan import (
     Action,
     Create,
     Delete,
-    PassPlan,
     Replace,
     Update,
-    plan_pass,
     prune,
     same_when_pruned,
 )

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-
+from tests.support.plans import plan_pass
 from tests.unit.controllers.test_controllers_diff import FakeApiServer
 from thunder_dra.api import syntax
 from thunder_dra.api.thundercluster import InventoryProtectionSpec
@@ -37,7 +37,6 @@ from thunder_dra.controllers.inventory.capacity import (
 )
 from thunder_dra.controllers.inventory.classes import build_device_classes
 from thunder_dra.controllers.inventory.guard import GuardDecision, PublishedPool, judge
-from thunder_dra.controllers.inventory.plan import plan_pass
 from thunder_dra.controllers.inventory.reconciler import plan_layout
 from thunder_dra.controllers.inventory.slices import (
     InventoryConfig,

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-
+from tests.support.plans import plan_pass
 from tests.unit.controllers.test_controllers_diff import CONFIG, FakeApiServer, capacity, sync
 from thunder_dra.controllers.inventory.capacity import PoolCapacity
 from thunder_dra.controllers.inventory.classes import build_device_classes
@@ -19,7 +19,6 @@ from thunder_dra.controllers.inventory.plan import (
     batches,
     group_by_pool,
     plan_outside_batches,
-    plan_pass,
     plan_steps,
 )
 from thunder_dra.controllers.inventory.slices import build_pools, published_devices

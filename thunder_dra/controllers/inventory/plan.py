@@ -29,8 +29,7 @@ the classes they use, are kept).
 One planner: `plan_outside_batches` decides the classes and the pools no longer
 desired, and `plan_steps` the desired pools' slices in batches of at most
 `BATCH_DEVICES` devices, in apply order. The publisher takes the steps one at a time, so
-a pass never holds every slice body at once; `plan_pass` joins them for callers that
-want the whole plan.
+a pass never holds every slice body at once.
 """
 
 from __future__ import annotations
@@ -508,56 +507,3 @@ def plan_steps(
         deferred.extend(deletes)
     yield "slice-deletes", [*deferred, *outside.retired_slice_actions]
     yield "class-deletes", [a for a in outside.class_actions if isinstance(a, Delete)]
-
-
-@dataclass(frozen=True, slots=True)
-class PassPlan:
-    """A whole pass's plan held at once, for callers that can afford to (tests, tools).
-
-    The publisher takes the same plan step by step from `plan_steps`; this is those steps
-    joined, so there is one planner."""
-
-    actions: tuple[Action, ...]
-    """Every action, in apply order."""
-    class_actions: tuple[Action, ...]
-    changed_pools: frozenset[str]
-    """Pools that get writes or are deleted."""
-    kept_pools: frozenset[str]
-    """Listed pools no longer desired but kept as they are (zone unread, or held)."""
-
-    def ordered(self) -> list[Action]:
-        return list(self.actions)
-
-    @property
-    def empty(self) -> bool:
-        return not self.actions
-
-
-def plan_pass(
-    pools: Sequence[DesiredPool],
-    classes: Sequence[DesiredDeviceClass],
-    existing_slices: Sequence[Mapping[str, Any]],
-    existing_classes: Sequence[Mapping[str, Any]],
-    *,
-    inventory_available: bool = True,
-    unavailable_zones: Collection[str] = (),
-    keep_pools: Collection[str] = (),
-    extended_resource_supported: bool = True,
-    budget: int = BATCH_DEVICES,
-) -> PassPlan:
-    """The plan of one pass, all of it: `plan_outside_batches` and `plan_steps` joined."""
-    by_pool = group_by_pool([obj for obj in existing_slices if is_inventory_slice(obj)])
-    outside = plan_outside_batches(
-        pools,
-        classes,
-        by_pool,
-        existing_classes,
-        inventory_available=inventory_available,
-        unavailable_zones=unavailable_zones,
-        extended_resource_supported=extended_resource_supported,
-        keep_pools=keep_pools,
-    )
-    changed: set[str] = set(outside.retired_pools)
-    steps = plan_steps(pools, outside, by_pool, budget, changed=changed)
-    actions = tuple(action for _, step in steps for action in step)
-    return PassPlan(actions, outside.class_actions, frozenset(changed), outside.kept_pools)
