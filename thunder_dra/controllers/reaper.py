@@ -48,6 +48,7 @@ from thunder_dra.api.constants import CLIENT_FINALIZER
 from thunder_dra.controllers.shared.metrics import OperatorMetrics
 from thunder_dra.controllers.shared.objects import ClaimIndex
 from thunder_dra.controllers.shared.status import utcnow
+from thunder_dra.kube import bodies
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError, NotFound
 from thunder_dra.kube.events import EventRecorder, ObjectRef
@@ -160,7 +161,7 @@ class Reaper:
             try:
                 client = Client.model_validate(raw)
             except ValidationError as exc:
-                name = (raw.get("metadata") or {}).get("name")
+                name = bodies.name(raw)
                 _log.warning(
                     "skipping an unreadable Client", extra={"client": name, "error": str(exc)}
                 )
@@ -309,7 +310,7 @@ class Reaper:
         current = await self._kube.get_optional(path)
         if current is None:
             return
-        finalizers = (current.get("metadata") or {}).get("finalizers") or []
+        finalizers = bodies.finalizers(current)
         if CLIENT_FINALIZER not in finalizers:
             return
         index = finalizers.index(CLIENT_FINALIZER)

@@ -154,12 +154,9 @@ def slice_zone(obj: object) -> str:
     """The Thunder zone display name a slice was published for ("" if it names none).
 
     The zone annotation holds the display name as Thunder spells it; the zone label,
-    which carries the same name where it is a valid label value, answers for slices
-    written without the annotation."""
-    zone = annotations(obj).get(naming.ANNOTATION_ZONE)
-    if zone is None:
-        zone = labels(obj).get(naming.LABEL_ZONE)
-    return _string(zone)
+    which carries the same name (a zone is published only where its name is a valid
+    label value), answers when the annotation is missing, empty or not a string."""
+    return annotation(obj, naming.ANNOTATION_ZONE) or label(obj, naming.LABEL_ZONE) or ""
 
 
 def devices(obj: object) -> list[Mapping[str, Any]]:

@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any, Final, Protocol
 from urllib.parse import urlencode
 
+from thunder_dra.kube import bodies
 from thunder_dra.kube.errors import Gone, KubeError, NotFound, Timeout, Unavailable, from_answer
 from thunder_dra.kube.resources import (
     CLIENTS,
@@ -249,7 +250,7 @@ class KubeClient:
             page = await self.request("GET", collection, query=query, accept=accept) or {}
             items: list[JSON] = page.get("items") or []
             yield items
-            token = (page.get("metadata") or {}).get("continue") or ""
+            token = bodies.list_continue(page)
             if not token:
                 return
 

@@ -44,7 +44,10 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ObjectRef:
-    """The object an event is about."""
+    """The object an event is about, of any kind: a ThunderCluster, or a Client (which is
+    namespaced). Not the owner reference the operator's objects carry
+    (`controllers.shared.ownership.ThunderClusterRef`), which only ever names a
+    ThunderCluster, as their controller."""
 
     api_version: str
     kind: str

@@ -7,16 +7,15 @@ import json
 from typing import Any
 
 from thunder_dra.api.thundercluster import ThunderClusterSpec
+from thunder_dra.controllers.shared.ownership import ThunderClusterRef, update_body
 from thunder_dra.controllers.workload.daemonset import (
-    DaemonSetOwner,
     contains,
     readiness,
     render,
     up_to_date,
-    update_body,
 )
 
-OWNER = DaemonSetOwner("main", "uid-1")
+OWNER = ThunderClusterRef("main", "uid-1")
 
 
 def rendered(**spec: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tests.support.plans import PassPlan, plan_pass
 from thunder_dra.controllers.inventory.capacity import PoolCapacity, TargetSource
 from thunder_dra.controllers.inventory.classes import build_device_classes
@@ -27,12 +28,12 @@ from thunder_dra.controllers.inventory.plan import (
 )
 from thunder_dra.controllers.inventory.slices import (
     InventoryConfig,
-    OwnerReference,
     build_pools,
     published_devices,
 )
+from thunder_dra.controllers.shared.ownership import ThunderClusterRef
 
-OWNER = OwnerReference("thundercompute.com/v1alpha1", "ThunderCluster", "thunder", "uid-1")
+OWNER = ThunderClusterRef("thunder", "uid-1")
 CONFIG = InventoryConfig(owner=OWNER)
 
 
@@ -361,7 +362,7 @@ def test_plans_do_not_mutate_their_inputs(available: bool) -> None:
 def test_a_recreated_thundercluster_takes_over_as_controller() -> None:
     server = FakeApiServer()
     sync(server, BASE[2:])
-    successor = OwnerReference("thundercompute.com/v1alpha1", "ThunderCluster", "thunder", "uid-2")
+    successor = ThunderClusterRef("thunder", "uid-2")
     result = sync(server, BASE[2:], config=InventoryConfig(owner=successor))
     assert {type(a) for a in result.ordered()} == {Update}
     for obj in [*server.list("ResourceSlice"), *server.list("DeviceClass")]:

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+
 from tests.support.plans import plan_pass
 from tests.unit.controllers.test_controllers_diff import FakeApiServer
 from thunder_dra.api import syntax
@@ -40,17 +41,17 @@ from thunder_dra.controllers.inventory.guard import GuardDecision, PublishedPool
 from thunder_dra.controllers.inventory.reconciler import plan_layout
 from thunder_dra.controllers.inventory.slices import (
     InventoryConfig,
-    OwnerReference,
     build_pools,
     published_devices,
     stable_device_names,
 )
 from thunder_dra.controllers.inventory.thunder import ThunderInventory
+from thunder_dra.controllers.shared.ownership import ThunderClusterRef
 from thunder_dra.kube import naming
 from thunder_dra.thunder.models import ClientRecord, Host
 from thunder_dra.thunder.targets import OversubscriptionTargets as WireTargets
 
-OWNER = OwnerReference("thundercompute.com/v1alpha1", "ThunderCluster", "thunder", "uid-1")
+OWNER = ThunderClusterRef("thunder", "uid-1")
 CONFIG = InventoryConfig(
     owner=OWNER, max_gpus_per_host=8, max_devices_per_pool=12, max_pools=6, max_devices=50
 )

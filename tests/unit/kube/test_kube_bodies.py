@@ -180,6 +180,13 @@ def test_a_slice_names_its_zone_by_annotation_then_label_else_empty() -> None:
     assert bodies.slice_zone(by_label) == "us-east"
     assert bodies.slice_zone({"metadata": {}}) == ""
     assert bodies.slice_zone({"metadata": {"annotations": {naming.ANNOTATION_ZONE: 5}}}) == ""
+    empty_annotation = {
+        "metadata": {
+            "annotations": {naming.ANNOTATION_ZONE: ""},
+            "labels": {naming.LABEL_ZONE: "us-east"},
+        }
+    }
+    assert bodies.slice_zone(empty_annotation) == "us-east"
 
 
 def test_a_lean_spec_gives_its_device_names_without_decoding() -> None:

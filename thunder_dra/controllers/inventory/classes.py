@@ -20,9 +20,9 @@ from thunder_dra.controllers.inventory.slices import (
     RESOURCE_API_VERSION,
     DesiredPool,
     InventoryConfig,
-    OwnerReference,
 )
-from thunder_dra.kube import naming
+from thunder_dra.controllers.shared.ownership import ThunderClusterRef
+from thunder_dra.kube import bodies, naming
 
 DEVICE_CLASS_KIND: Final = "DeviceClass"
 
@@ -49,7 +49,7 @@ class DesiredDeviceClass:
     model: str
     driver_name: str
     extended_resource_name: str | None
-    owner: OwnerReference | None
+    owner: ThunderClusterRef | None
 
     @property
     def selector(self) -> str:
@@ -78,7 +78,7 @@ class DesiredDeviceClass:
             "annotations": self.annotations,
         }
         if self.owner is not None:
-            metadata["ownerReferences"] = [self.owner.to_json()]
+            metadata["ownerReferences"] = [self.owner.owner_reference()]
         spec: dict[str, Any] = {"selectors": [{"cel": {"expression": self.selector}}]}
         if self.extended_resource_name is not None and with_extended_resource:
             spec["extendedResourceName"] = self.extended_resource_name
@@ -119,7 +119,7 @@ def build_device_classes(
 
 def is_thunder_device_class(obj: Mapping[str, Any]) -> bool:
     """Whether an API object is a DeviceClass this operator publishes (by its labels)."""
-    labels = (obj.get("metadata") or {}).get("labels") or {}
+    labels = bodies.labels(obj)
     return (
         labels.get(naming.LABEL_APP_NAME) == naming.APP_NAME
         and labels.get(naming.LABEL_COMPONENT) == naming.COMPONENT_DEVICE_CLASS
@@ -132,5 +132,5 @@ def extended_resource_name_dropped(sent: Mapping[str, Any], stored: Mapping[str,
     An API server without the DRAExtendedResource gate accepts the field and discards
     it (platform-notes 5); reading the stored object back is the only way to know.
     """
-    wanted = (sent.get("spec") or {}).get("extendedResourceName")
-    return bool(wanted) and not (stored.get("spec") or {}).get("extendedResourceName")
+    wanted = bodies.spec(sent).get("extendedResourceName")
+    return bool(wanted) and not bodies.spec(stored).get("extendedResourceName")

@@ -42,7 +42,8 @@ from typing import Any, Final, Literal
 
 from thunder_dra.controllers.inventory.classes import DesiredDeviceClass, is_thunder_device_class
 from thunder_dra.controllers.inventory.slices import DesiredPool, is_inventory_slice
-from thunder_dra.kube import naming
+from thunder_dra.controllers.shared.ownership import update_body
+from thunder_dra.kube import bodies, naming
 
 SLICE_SPEC_KEYS: Final = (
     "driver",
@@ -139,28 +140,20 @@ def same_when_pruned(a: Any, b: Any) -> bool:
     return False
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
-
-
 def owned_view(
     obj: Mapping[str, Any], desired: Mapping[str, Any], spec_keys: Sequence[str]
 ) -> dict[str, Any]:
     """The parts of `obj` that the operator owns, shaped by the `desired` body."""
-    want = _meta(desired)
-    have = _meta(obj)
-    have_labels, have_annotations = have.get("labels") or {}, have.get("annotations") or {}
-    owner_uids = {ref["uid"] for ref in want.get("ownerReferences") or ()}
-    spec = obj.get("spec") or {}
+    have_labels, have_annotations = bodies.labels(obj), bodies.annotations(obj)
+    owner_uids = {ref.get("uid") for ref in bodies.owner_references(desired)}
+    spec = bodies.spec(obj)
     view: dict[str, Any] = prune(
         {
-            "labels": {key: have_labels.get(key) for key in want.get("labels") or {}},
-            "annotations": {
-                key: have_annotations.get(key) for key in want.get("annotations") or {}
-            },
+            "labels": {key: have_labels.get(key) for key in bodies.labels(desired)},
+            "annotations": {key: have_annotations.get(key) for key in bodies.annotations(desired)},
             "owners": [
                 {k: ref.get(k) for k in ("apiVersion", "kind", "name", "uid", "controller")}
-                for ref in have.get("ownerReferences") or ()
+                for ref in bodies.owner_references(obj)
                 if ref.get("uid") in owner_uids
             ],
             "spec": {key: spec.get(key) for key in spec_keys},
@@ -173,7 +166,7 @@ def matches(
     existing: Mapping[str, Any], desired: Mapping[str, Any], spec_keys: Sequence[str]
 ) -> bool:
     """Whether `existing` already has everything of `desired` that the operator owns."""
-    have, want = existing.get("spec") or {}, desired.get("spec") or {}
+    have, want = bodies.spec(existing), bodies.spec(desired)
     # The spec fields compare as `owned_view` would prune them, without pruning every
     # device of the slice (most of a pass at 100,000+ devices); only the (small) metadata
     # view is normalised.
@@ -182,53 +175,20 @@ def matches(
     ) and owned_view(existing, desired, ()) == owned_view(desired, desired, ())
 
 
-def update_body(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
-    """`desired` merged onto `existing`'s metadata, keeping what others put there."""
-    have, want = dict(_meta(existing)), _meta(desired)
-    have.pop("managedFields", None)
-    wanted_owners = list(want.get("ownerReferences") or ())
-    owner_uids = {ref["uid"] for ref in wanted_owners}
-    takes_control = any(ref.get("controller") for ref in wanted_owners)
-    # Only one owner may be the controller; an old one (a ThunderCluster deleted and
-    # created again) gives way to ours.
-    owners = [
-        ref
-        for ref in have.get("ownerReferences") or ()
-        if ref.get("uid") not in owner_uids and not (takes_control and ref.get("controller"))
-    ]
-    metadata = {
-        **have,
-        "labels": {**(have.get("labels") or {}), **(want.get("labels") or {})},
-        "annotations": {**(have.get("annotations") or {}), **(want.get("annotations") or {})},
-    }
-    if owners or wanted_owners:
-        metadata["ownerReferences"] = owners + wanted_owners
-    return {**desired, "metadata": metadata}
-
-
-def _generation(obj: Mapping[str, Any]) -> int:
-    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
-
-
 def _needs_replace(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
-    spec = existing.get("spec") or {}
-    return spec.get("driver") != desired["spec"]["driver"] or bool(spec.get("nodeName"))
-
-
-def _zone_of(obj: Mapping[str, Any]) -> str | None:
-    meta = _meta(obj)
-    zone = (meta.get("annotations") or {}).get(naming.ANNOTATION_ZONE)
-    return zone if zone is not None else (meta.get("labels") or {}).get(naming.LABEL_ZONE)
+    return bodies.driver(existing) != bodies.driver(desired) or bool(
+        bodies.spec(existing).get("nodeName")
+    )
 
 
 def _pool_actions(
     pool: DesiredPool, existing: Sequence[Mapping[str, Any]]
 ) -> tuple[int, list[Action]]:
-    by_name = {_meta(obj)["name"]: obj for obj in existing}
-    current = max((_generation(obj) for obj in existing), default=0)
+    by_name = {bodies.name(obj): obj for obj in existing}
+    current = max((bodies.pool_generation(obj) for obj in existing), default=0)
     unchanged = len(by_name) == len(pool.slices) and all(
         piece.name in by_name
-        and _generation(by_name[piece.name]) == current
+        and bodies.pool_generation(by_name[piece.name]) == current
         and matches(by_name[piece.name], pool.manifest(piece, current), SLICE_SPEC_KEYS)
         for piece in pool.slices
     )
@@ -242,13 +202,11 @@ def _pool_actions(
         if old is None:
             actions.append(Create("ResourceSlice", piece.name, body))
         elif _needs_replace(old, body):
-            actions.append(
-                Replace("ResourceSlice", piece.name, _meta(old).get("resourceVersion"), body)
-            )
+            actions.append(Replace("ResourceSlice", piece.name, bodies.resource_version(old), body))
         else:
             actions.append(Update("ResourceSlice", piece.name, update_body(old, body)))
     for name, old in sorted(by_name.items()):
-        actions.append(Delete("ResourceSlice", name, _meta(old).get("resourceVersion")))
+        actions.append(Delete("ResourceSlice", name, bodies.resource_version(old)))
     return generation, actions
 
 
@@ -264,8 +222,7 @@ def plan_resource_slices(
     by_pool: defaultdict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for obj in existing:
         if is_inventory_slice(obj):
-            pool = ((obj.get("spec") or {}).get("pool") or {}).get("name", "")
-            by_pool[str(pool)].append(obj)
+            by_pool[bodies.pool_name(obj)].append(obj)
     actions: list[Action] = []
     generations: dict[str, int] = {}
     changed: set[str] = set()
@@ -280,15 +237,13 @@ def plan_resource_slices(
         if (
             not inventory_available
             or pool_name in keep_pools
-            or any(_zone_of(o) in unavailable_zones for o in objs)
+            or any(bodies.slice_zone(o) in unavailable_zones for o in objs)
         ):
             kept.add(pool_name)
             continue
         changed.add(pool_name)
-        for obj in sorted(objs, key=lambda o: str(_meta(o).get("name"))):
-            actions.append(
-                Delete("ResourceSlice", _meta(obj)["name"], _meta(obj).get("resourceVersion"))
-            )
+        for obj in sorted(objs, key=bodies.name):
+            actions.append(Delete("ResourceSlice", bodies.name(obj), bodies.resource_version(obj)))
     return SlicePlan(tuple(actions), generations, frozenset(changed), frozenset(kept))
 
 
@@ -305,7 +260,7 @@ def plan_device_classes(
     With `extended_resource_supported=False` (the API server drops the field) classes
     are written and compared without extendedResourceName, so they do not churn.
     """
-    by_name = {_meta(o)["name"]: o for o in existing if is_thunder_device_class(o)}
+    by_name = {bodies.name(o): o for o in existing if is_thunder_device_class(o)}
     actions: list[Action] = []
     for wanted in desired:
         body = wanted.manifest(with_extended_resource=extended_resource_supported)
@@ -315,24 +270,14 @@ def plan_device_classes(
         elif not matches(old, body, CLASS_SPEC_KEYS):
             actions.append(Update("DeviceClass", wanted.name, update_body(old, body)))
     for name, old in sorted(by_name.items()):
-        label = (_meta(old).get("labels") or {}).get(naming.LABEL_GPU_TYPE)
+        label = bodies.label(old, naming.LABEL_GPU_TYPE)
         if inventory_available and label not in keep_type_labels:
-            actions.append(Delete("DeviceClass", name, _meta(old).get("resourceVersion")))
+            actions.append(Delete("DeviceClass", name, bodies.resource_version(old)))
     return tuple(actions)
 
 
 BATCH_DEVICES: Final = 4096
 """Devices planned (and held as request bodies) at a time."""
-
-
-def _pool_of(obj: Mapping[str, Any]) -> str:
-    return str(((obj.get("spec") or {}).get("pool") or {}).get("name", ""))
-
-
-def _gpu_type_label(obj: Mapping[str, Any]) -> str | None:
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    label = labels.get(naming.LABEL_GPU_TYPE)
-    return label if isinstance(label, str) else None
 
 
 def batches(
@@ -391,8 +336,8 @@ def plan_outside_batches(
     kept_labels = {
         label
         for obj in retired
-        if _pool_of(obj) in retired_plan.kept_pools
-        for label in (_gpu_type_label(obj),)
+        if bodies.pool_name(obj) in retired_plan.kept_pools
+        for label in (bodies.label(obj, naming.LABEL_GPU_TYPE),)
         if label
     }
     class_actions = plan_device_classes(
@@ -415,7 +360,7 @@ def group_by_pool(
 ) -> dict[str, list[Mapping[str, Any]]]:
     grouped: defaultdict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for obj in existing_slices:
-        grouped[_pool_of(obj)].append(obj)
+        grouped[bodies.pool_name(obj)].append(obj)
     return dict(grouped)
 
 
@@ -427,9 +372,8 @@ def pool_key(pool: DesiredPool, existing: Sequence[Mapping[str, Any]]) -> PoolKe
     """What a pool's plan depends on; None when a slice lacks a name or resourceVersion."""
     versions = []
     for obj in existing:
-        metadata = obj.get("metadata") or {}
-        name, version = metadata.get("name"), metadata.get("resourceVersion")
-        if not isinstance(name, str) or not isinstance(version, str) or not version:
+        name, version = bodies.name(obj), bodies.resource_version(obj)
+        if not name or version is None:
             return None
         versions.append((name, version))
     digest = hashlib.blake2b(repr(pool).encode(), digest_size=16).digest()

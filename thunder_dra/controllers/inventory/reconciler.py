@@ -29,7 +29,6 @@ from typing import Any, Final
 
 from opentelemetry import trace
 
-from thunder_dra.api.constants import API_VERSION, THUNDER_CLUSTER_KIND
 from thunder_dra.api.thundercluster import InventoryProtectionSpec, PoolStatus, ThunderCluster
 from thunder_dra.controllers.inventory.capacity import PoolCapacity, compute_capacity
 from thunder_dra.controllers.inventory.classes import build_device_classes, selector_expression
@@ -39,19 +38,18 @@ from thunder_dra.controllers.inventory.slices import (
     DesiredPool,
     InventoryConfig,
     InventoryLayout,
-    OwnerReference,
     build_pools,
     published_devices,
     retained_pool,
     sample_slices,
-    zone_of_slice,
 )
 from thunder_dra.controllers.inventory.thunder import ThunderInventory, read_inventory
 from thunder_dra.controllers.shared.metrics import OperatorMetrics
 from thunder_dra.controllers.shared.objects import list_claims, list_device_classes
+from thunder_dra.controllers.shared.ownership import ThunderClusterRef
 from thunder_dra.controllers.shared.status import ConditionState
 from thunder_dra.controllers.shared.thunderapi import ThunderClients, TokenUnavailable, read_token
-from thunder_dra.kube import naming
+from thunder_dra.kube import bodies, naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.kube.events import EventRecorder, ObjectRef
@@ -112,14 +110,14 @@ def plan_layout(
         sample = samples.get(name)
         if name in desired or not devices or sample is None:
             continue
-        if zone_of_slice(sample) in unreadable:
+        if bodies.slice_zone(sample) in unreadable:
             continue
         kept = retained_pool(name, sample, devices, config)
         if kept is not None:
             pools.append(kept)
     decision = judge(
         [
-            PublishedPool(name, zone_of_slice(samples[name]) if name in samples else "", len(d))
+            PublishedPool(name, bodies.slice_zone(samples[name]) if name in samples else "", len(d))
             for name, d in current.items()
         ],
         {pool.name: len(pool.devices) for pool in pools},
@@ -257,9 +255,7 @@ class InventoryReconciler:
                 f"publishing them at 1x: {_names(names)}; first error: "
                 f"{read.target_failures[0].error}",
             )
-        owner = OwnerReference(
-            API_VERSION, THUNDER_CLUSTER_KIND, cluster.metadata.name, cluster.metadata.uid or ""
-        )
+        owner = ThunderClusterRef(cluster.metadata.name, cluster.metadata.uid or "")
         config = InventoryConfig.from_spec(spec, owner=owner)
         outcome, pools, suspect = await self._publish(
             read,
@@ -370,7 +366,7 @@ class InventoryReconciler:
         if not config.extended_resource_prefix:
             return True
         if self.extended_resource_supported is None:
-            if any((c.get("spec") or {}).get("extendedResourceName") for c in classes):
+            if any(bodies.spec(c).get("extendedResourceName") for c in classes):
                 self.extended_resource_supported = True
             elif classes:
                 self.extended_resource_supported = await self._probe(config)
@@ -398,7 +394,7 @@ class InventoryReconciler:
         except KubeError as exc:
             _log.warning("extendedResourceName probe failed", extra={"error": str(exc)})
             return None
-        return bool((stored.get("spec") or {}).get("extendedResourceName"))
+        return bool(bodies.spec(stored).get("extendedResourceName"))
 
     async def _announce(self, outcome: PublishOutcome, ref: ObjectRef) -> None:
         """One Normal event per kind of change, naming the pools and classes."""

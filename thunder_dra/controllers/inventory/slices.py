@@ -44,30 +44,11 @@ from typing import Any, Final
 from thunder_dra.api import syntax
 from thunder_dra.api.thundercluster import PoolStatus, ThunderClusterSpec
 from thunder_dra.controllers.inventory.capacity import PoolCapacity, format_target
-from thunder_dra.controllers.shared.objects import LeanSliceSpec
-from thunder_dra.kube import naming
+from thunder_dra.controllers.shared.ownership import ThunderClusterRef
+from thunder_dra.kube import bodies, naming
 
 MAX_DEVICES_PER_SLICE: Final = 128
 RESOURCE_API_VERSION: Final = "resource.k8s.io/v1"
-
-
-@dataclass(frozen=True, slots=True)
-class OwnerReference:
-    """The ThunderCluster that owns published objects, so deleting it cleans them up."""
-
-    api_version: str
-    kind: str
-    name: str
-    uid: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "apiVersion": self.api_version,
-            "kind": self.kind,
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +61,7 @@ class InventoryConfig:
     daemon_node_selector: Mapping[str, str] = field(
         default_factory=lambda: {"kubernetes.io/os": "linux"}
     )
-    owner: OwnerReference | None = None
+    owner: ThunderClusterRef | None = None
     max_devices_per_slice: int = MAX_DEVICES_PER_SLICE
     max_gpus_per_host: int | None = None
     max_devices_per_pool: int | None = None
@@ -89,7 +70,7 @@ class InventoryConfig:
 
     @classmethod
     def from_spec(
-        cls, spec: ThunderClusterSpec, owner: OwnerReference | None = None
+        cls, spec: ThunderClusterSpec, owner: ThunderClusterRef | None = None
     ) -> InventoryConfig:
         limits = spec.operator.limits
         return cls(
@@ -125,7 +106,7 @@ class DesiredPool:
     live_client_gpus: int
     driver_name: str
     node_selector: tuple[tuple[str, str], ...]
-    owner: OwnerReference | None
+    owner: ThunderClusterRef | None
     slices: tuple[DesiredSlice, ...]
 
     @property
@@ -183,7 +164,7 @@ class DesiredPool:
             "annotations": self.annotations,
         }
         if self.owner is not None:
-            metadata["ownerReferences"] = [self.owner.to_json()]
+            metadata["ownerReferences"] = [self.owner.owner_reference()]
         return {
             "apiVersion": RESOURCE_API_VERSION,
             "kind": "ResourceSlice",
@@ -257,7 +238,7 @@ def split_devices(devices: tuple[str, ...], per_slice: int) -> list[tuple[str, .
 
 def is_inventory_slice(obj: Mapping[str, Any]) -> bool:
     """Whether an API object is a ResourceSlice this operator publishes (by its labels)."""
-    labels = (obj.get("metadata") or {}).get("labels") or {}
+    labels = bodies.labels(obj)
     return (
         labels.get(naming.LABEL_APP_NAME) == naming.APP_NAME
         and labels.get(naming.LABEL_COMPONENT) == naming.COMPONENT_RESOURCE_INVENTORY
@@ -271,20 +252,13 @@ def published_devices(existing_slices: Iterable[Mapping[str, Any]]) -> dict[str,
     for obj in existing_slices:
         if not is_inventory_slice(obj):
             continue
-        pool = (obj.get("spec") or {}).get("pool") or {}
-        name, generation = pool.get("name"), int(pool.get("generation") or 0)
-        if not isinstance(name, str):
+        name, generation = bodies.pool_name(obj), bodies.pool_generation(obj)
+        if not name:
             continue
         if generation > newest.get(name, -1):
             newest[name], devices[name] = generation, set()
         if generation == newest[name]:
-            spec = obj.get("spec") or {}
-            if isinstance(spec, LeanSliceSpec):
-                devices[name].update(spec.device_names)
-                continue
-            devices[name].update(
-                d["name"] for d in spec.get("devices") or () if isinstance(d.get("name"), str)
-            )
+            devices[name].update(bodies.device_names(obj))
     return {name: frozenset(names) for name, names in devices.items()}
 
 
@@ -527,17 +501,15 @@ def retained_pool(
     zone_label, _, type_label = name.partition("/")
     if not type_label or not is_inventory_slice(sample):
         return None
-    metadata = sample.get("metadata") or {}
-    labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
-    zone_name = annotations.get(naming.ANNOTATION_ZONE) or labels.get(naming.LABEL_ZONE)
-    model = annotations.get(naming.ANNOTATION_GPU_TYPE) or type_label
-    if not isinstance(zone_name, str) or not isinstance(model, str):
+    zone_name = bodies.slice_zone(sample)
+    model = bodies.annotation(sample, naming.ANNOTATION_GPU_TYPE) or type_label
+    if not zone_name:
         return None
     names = stable_device_names(type_label, 0, (), devices)
     if not names:
         return None
     try:
-        target = Decimal(str(labels.get(naming.LABEL_OVERSUBSCRIPTION) or "1"))
+        target = Decimal(bodies.label(sample, naming.LABEL_OVERSUBSCRIPTION) or "1")
     except ArithmeticError:
         target = Decimal(1)
     if not target.is_finite() or target <= 0:
@@ -564,16 +536,7 @@ def sample_slices(existing_slices: Iterable[Mapping[str, Any]]) -> dict[str, Map
     for obj in existing_slices:
         if not is_inventory_slice(obj):
             continue
-        pool = ((obj.get("spec") or {}).get("pool") or {}).get("name")
-        if isinstance(pool, str):
+        pool = bodies.pool_name(obj)
+        if pool:
             samples.setdefault(pool, obj)
     return samples
-
-
-def zone_of_slice(obj: Mapping[str, Any]) -> str:
-    """The Thunder zone display name a slice was published for ("" if unknown)."""
-    metadata = obj.get("metadata") or {}
-    zone = (metadata.get("annotations") or {}).get(naming.ANNOTATION_ZONE)
-    if zone is None:
-        zone = (metadata.get("labels") or {}).get(naming.LABEL_ZONE)
-    return zone if isinstance(zone, str) else ""

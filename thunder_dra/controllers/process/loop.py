@@ -35,6 +35,7 @@ from thunder_dra.controllers.process.options import OperatorOptions
 from thunder_dra.controllers.reaper import Reaper
 from thunder_dra.controllers.shared.metrics import OperatorMetrics
 from thunder_dra.controllers.shared.objects import list_claims
+from thunder_dra.controllers.shared.ownership import ThunderClusterRef
 from thunder_dra.controllers.shared.status import (
     ConditionState,
     Observation,
@@ -44,6 +45,7 @@ from thunder_dra.controllers.shared.status import (
 )
 from thunder_dra.controllers.shared.thunderapi import ThunderClients, TokenUnavailable, read_token
 from thunder_dra.controllers.workload import daemonset
+from thunder_dra.kube import bodies
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.kube.events import EventRecorder, ObjectRef
@@ -89,8 +91,7 @@ def plain(body: Mapping[str, Any], *, with_status: bool = True) -> dict[str, Any
 
 
 def fingerprint(body: Mapping[str, Any]) -> tuple[Any, Any]:
-    metadata = body.get("metadata") or {}
-    return metadata.get("generation"), (metadata.get("annotations") or {}).get(RECONCILE_ANNOTATION)
+    return bodies.generation(body), bodies.annotation(body, RECONCILE_ANNOTATION)
 
 
 def spec_errors(exc: ValidationError) -> str:
@@ -201,7 +202,7 @@ class ClusterLoop:
         if not self._status_loaded:
             self._status = _stored_status(raw)
             self._status_loaded = True
-        generation = (raw.get("metadata") or {}).get("generation")
+        generation = bodies.generation(raw)
         try:
             cluster = ThunderCluster.model_validate(raw)
         except ValidationError as exc:
@@ -305,12 +306,9 @@ class ClusterLoop:
             return None
         oldest = min(
             clusters,
-            key=lambda c: (
-                (c.get("metadata") or {}).get("creationTimestamp") or "",
-                (c.get("metadata") or {}).get("name") or "",
-            ),
+            key=lambda c: (bodies.creation_timestamp(c), bodies.name(c)),
         )
-        name = str((oldest.get("metadata") or {}).get("name"))
+        name = bodies.name(oldest)
         return None if name == self.name else name
 
     async def _reconcile_daemonset(self, cluster: ThunderCluster) -> ConditionState:
@@ -320,7 +318,7 @@ class ClusterLoop:
         rendered = daemonset.render(
             cluster.spec,
             options.namespace,
-            daemonset.DaemonSetOwner(cluster.metadata.name, cluster.metadata.uid or ""),
+            ThunderClusterRef(cluster.metadata.name, cluster.metadata.uid or ""),
             options.daemon_service_account,
             tracing=options.daemon_tracing,
         )
@@ -442,7 +440,7 @@ class ClusterLoop:
 
 
 def _stored_status(raw: Mapping[str, Any]) -> ThunderClusterStatus | None:
-    status = raw.get("status")
+    status = bodies.status(raw)
     if not status:
         return None
     try:

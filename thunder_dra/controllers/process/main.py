@@ -49,6 +49,7 @@ from thunder_dra.controllers.reaper import Reaper
 from thunder_dra.controllers.shared.metrics import OperatorMetrics
 from thunder_dra.controllers.shared.objects import DEVICE_CLASS_SELECTOR, INVENTORY_SELECTOR
 from thunder_dra.controllers.shared.thunderapi import ThunderClients
+from thunder_dra.kube import bodies
 from thunder_dra.kube.events import EventRecorder
 from thunder_dra.kube.resources import DEVICE_CLASSES, RESOURCE_SLICES, THUNDER_CLUSTERS
 from thunder_dra.kube.transport import build_client, load_configuration
@@ -200,7 +201,7 @@ class Operator:
 
     async def thundercluster_names(self) -> Collection[str]:
         clusters = await self.kube.list_all(THUNDER_CLUSTERS.collection())
-        return [str((c.get("metadata") or {}).get("name")) for c in clusters]
+        return [bodies.name(c) for c in clusters]
 
     async def objects_published(self) -> bool:
         for path, selector in (

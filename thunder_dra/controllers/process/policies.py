@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from thunder_dra.controllers.workload.daemonset import contains
-from thunder_dra.kube import naming
+from thunder_dra.kube import bodies, naming
 from thunder_dra.kube.admissionpolicy import (
     BINDING_KIND,
     OPERATOR_PREFIX,
@@ -62,9 +62,8 @@ def rendered(identity: Identity) -> list[dict[str, Any]]:
 
 
 def _up_to_date(stored: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
-    meta = stored.get("metadata") or {}
-    return contains(meta.get("labels") or {}, want["metadata"]["labels"]) and contains(
-        stored.get("spec"), want["spec"]
+    return contains(bodies.labels(stored), want["metadata"]["labels"]) and contains(
+        bodies.spec(stored), want["spec"]
     )
 
 
@@ -83,7 +82,7 @@ async def apply_policies(kube: KubeClient, identity: Identity) -> dict[str, str]
         elif _up_to_date(stored, obj):
             done[key] = "unchanged"
         else:
-            version = (stored.get("metadata") or {}).get("resourceVersion")
+            version = bodies.resource_version(stored)
             body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": version}}
             await kube.replace(path.item(name), body)
             done[key] = "updated"

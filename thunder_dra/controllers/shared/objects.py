@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from thunder_dra.kube import naming
+from thunder_dra.kube import bodies, naming
 from thunder_dra.kube.client import METADATA_ONLY, KubeClient
 from thunder_dra.kube.errors import Gone, NotFound
 from thunder_dra.kube.resources import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES
@@ -97,14 +97,14 @@ class LeanSliceSpec(Mapping[str, Any]):
 
 
 def _without_managed_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
-    metadata = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    metadata = {k: v for k, v in bodies.metadata(obj).items() if k != "managedFields"}
     return {**obj, "metadata": metadata}
 
 
 def lean_slice(obj: Mapping[str, Any]) -> dict[str, Any]:
     """A listed ResourceSlice with managedFields dropped and devices compressed."""
     lean = _without_managed_fields(obj)
-    lean["spec"] = LeanSliceSpec(obj.get("spec") or {})
+    lean["spec"] = LeanSliceSpec(bodies.spec(obj))
     return lean
 
 
@@ -126,9 +126,7 @@ async def list_inventory_slices(kube: KubeClient) -> list[dict[str, Any]]:
 
 
 def _name_and_version(obj: Mapping[str, Any]) -> tuple[str, str]:
-    metadata = obj.get("metadata") or {}
-    name, version = metadata.get("name"), metadata.get("resourceVersion")
-    return (name if isinstance(name, str) else ""), (version if isinstance(version, str) else "")
+    return bodies.name(obj), bodies.resource_version(obj) or ""
 
 
 class SliceCache:
@@ -147,8 +145,8 @@ class SliceCache:
     def remember(self, obj: Mapping[str, Any]) -> None:
         """Keep a slice as the API server stored it (a write's answer, a read)."""
         name, version = _name_and_version(obj)
-        spec = obj.get("spec")
-        if name and version and isinstance(spec, Mapping):
+        spec = bodies.spec(obj)
+        if name and version and spec:
             self._known[name] = (version, _lean_spec(spec))
 
     def forget(self, name: str) -> None:
@@ -268,12 +266,10 @@ class ClaimIndex:
 
 
 def index_claim(index: ClaimIndex, obj: Mapping[str, Any], driver_name: str) -> None:
-    metadata = obj.get("metadata") or {}
-    namespace, name, uid = metadata.get("namespace"), metadata.get("name"), metadata.get("uid")
-    if isinstance(namespace, str) and isinstance(name, str) and isinstance(uid, str):
+    namespace, name, uid = bodies.namespace(obj), bodies.name(obj), bodies.uid(obj)
+    if namespace and name and uid:
         index.uids[(namespace, name)] = uid
-    allocation = (obj.get("status") or {}).get("allocation") or {}
-    for result in (allocation.get("devices") or {}).get("results") or ():
+    for result in bodies.allocation_results(obj):
         if result.get("driver") != driver_name:
             continue
         pool, device = result.get("pool"), result.get("device")

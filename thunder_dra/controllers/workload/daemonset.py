@@ -35,10 +35,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from thunder_dra.api.constants import API_VERSION, DOMAIN, THUNDER_CLUSTER_KIND
+from thunder_dra.api.constants import DOMAIN
 from thunder_dra.api.thundercluster import ThunderClusterSpec
+from thunder_dra.controllers.shared.ownership import ThunderClusterRef, update_body
 from thunder_dra.controllers.workload.tracing import NO_TRACING, DaemonTracing
-from thunder_dra.kube import naming
+from thunder_dra.kube import bodies, naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import NotFound
 from thunder_dra.kube.quantity import parse_quantity
@@ -128,26 +129,10 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True, slots=True)
-class DaemonSetOwner:
-    name: str
-    uid: str
-
-    def reference(self) -> dict[str, Any]:
-        return {
-            "apiVersion": API_VERSION,
-            "kind": THUNDER_CLUSTER_KIND,
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-            "blockOwnerDeletion": False,
-        }
-
-
 def render(
     spec: ThunderClusterSpec,
     namespace: str,
-    owner: DaemonSetOwner,
+    owner: ThunderClusterRef,
     service_account: str,
     *,
     tracing: DaemonTracing = NO_TRACING,
@@ -216,7 +201,7 @@ def render(
             "name": DAEMONSET_NAME,
             "namespace": namespace,
             "labels": labels,
-            "ownerReferences": [owner.reference()],
+            "ownerReferences": [owner.owner_reference()],
         },
         "spec": {
             "selector": {"matchLabels": selector_labels()},
@@ -266,40 +251,21 @@ def contains(stored: Any, rendered: Any, path: tuple[str, ...] = ()) -> bool:
 
 def up_to_date(stored: Mapping[str, Any], rendered: Mapping[str, Any]) -> bool:
     """No write is needed: the stored object has this rendering's hash and every field."""
-    stored_hash = ((stored.get("metadata") or {}).get("annotations") or {}).get(HASH_ANNOTATION)
+    stored_hash = bodies.annotation(stored, HASH_ANNOTATION)
     want_hash = rendered["metadata"]["annotations"][HASH_ANNOTATION]
     if stored_hash != want_hash:
         return False
     meta = rendered["metadata"]
-    stored_meta = stored.get("metadata") or {}
     owned_meta = {"labels": meta["labels"], "ownerReferences": meta["ownerReferences"]}
-    return contains(stored_meta, owned_meta) and contains(stored.get("spec"), rendered["spec"])
+    return contains(bodies.metadata(stored), owned_meta) and contains(
+        bodies.spec(stored), rendered["spec"]
+    )
 
 
 def needs_recreate(stored: Mapping[str, Any], rendered: Mapping[str, Any]) -> bool:
     """The selector is immutable: a DaemonSet selecting other labels is replaced."""
-    selector: Any = (stored.get("spec") or {}).get("selector")
+    selector: Any = bodies.spec(stored).get("selector")
     return bool(selector != rendered["spec"]["selector"])
-
-
-def update_body(stored: Mapping[str, Any], rendered: Mapping[str, Any]) -> dict[str, Any]:
-    """`rendered` on top of the stored metadata, keeping labels and annotations of others."""
-    have = {k: v for k, v in (stored.get("metadata") or {}).items() if k != "managedFields"}
-    want = rendered["metadata"]
-    metadata = {
-        **have,
-        "labels": {**(have.get("labels") or {}), **want["labels"]},
-        "annotations": {**(have.get("annotations") or {}), **want["annotations"]},
-        "ownerReferences": [
-            *(
-                ref
-                for ref in have.get("ownerReferences") or ()
-                if not ref.get("controller") and ref.get("uid") != want["ownerReferences"][0]["uid"]
-            ),
-            *want["ownerReferences"],
-        ],
-    }
-    return {**rendered, "metadata": metadata}
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,8 +279,8 @@ def readiness(stored: Mapping[str, Any] | None) -> Readiness:
     """DaemonReady from the DaemonSet's status."""
     if stored is None:
         return Readiness(False, "DaemonSetMissing", f"DaemonSet {DAEMONSET_NAME} does not exist")
-    metadata, status = stored.get("metadata") or {}, stored.get("status") or {}
-    if int(status.get("observedGeneration") or 0) < int(metadata.get("generation") or 0):
+    status = bodies.status(stored)
+    if int(status.get("observedGeneration") or 0) < (bodies.generation(stored) or 0):
         return Readiness(
             False, "RolloutPending", "the DaemonSet controller has not seen the change"
         )
@@ -351,7 +317,7 @@ async def reconcile_daemonset(
         with contextlib.suppress(NotFound):
             await kube.delete(
                 path,
-                resource_version=(stored.get("metadata") or {}).get("resourceVersion"),
+                resource_version=bodies.resource_version(stored),
                 propagation="Background",
             )
         created = await kube.create(DAEMON_SETS.collection(namespace), rendered)
