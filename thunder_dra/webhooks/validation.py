@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from thunder_dra.api.client import ClientSpec
 from thunder_dra.api.thundercluster import ThunderClusterSpec
+from thunder_dra.kube import bodies
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
@@ -93,6 +94,8 @@ def validate_thundercluster(
     `existing_names`: the ThunderClusters already stored; `objects_published`: whether
     the operator has published ResourceSlices or DeviceClasses.
     """
+    # The spec as sent, not `bodies.spec`: one that is not a mapping must be rejected here,
+    # not read as empty.
     spec, errors = _parse(ThunderClusterSpec, obj.get("spec"), "spec")
     name = _at(obj, ("metadata", "name"))
     if old is None:
@@ -143,7 +146,7 @@ def validate_client(
     if old is None or spec is None:
         return errors
     before, _ = _parse(ClientSpec, old.get("spec"), "spec")
-    was = before.to_json_dict() if before is not None else dict(old.get("spec") or {})
+    was = before.to_json_dict() if before is not None else dict(bodies.spec(old))
     now = spec.to_json_dict()
     for key in CLIENT_IMMUTABLE:
         if was.get(key) != now.get(key):
