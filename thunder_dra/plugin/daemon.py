@@ -16,6 +16,8 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from opentelemetry.sdk.trace import TracerProvider
+
 from thunder_dra import fsutil
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
@@ -23,7 +25,7 @@ from thunder_dra.kube.transport import build_client
 from thunder_dra.plugin.claims import lifecycle
 from thunder_dra.plugin.claims.recovery import InstanceJournal
 from thunder_dra.plugin.config import DaemonConfig
-from thunder_dra.plugin.kubelet.handler import ClaimService
+from thunder_dra.plugin.kubelet.handler import ClaimService, claim_service
 from thunder_dra.plugin.kubelet.service import PluginServer, SocketPaths
 from thunder_dra.plugin.metrics import DaemonMetrics, EnrollmentState
 from thunder_dra.plugin.node.enrollment import NodeEnroller
@@ -100,16 +102,59 @@ class Daemon:
 
     async def _start(self) -> tuple[PluginServer, HealthServer, ClaimService]:
         cfg = self.config
+        kube = await self._open_kube()
+        node = await read_node(kube, cfg)
+        runner = make_runner(cfg)
+        await self._check_node(node, runner)
+        own = await self._lock_instance()
+        tracer_provider = configure_tracing(DAEMON_SERVICE)
+        self._closers.append(tracer_provider.shutdown)
+        thunder, fetcher = self._thunder_clients(tracer_provider)
+        claims = lifecycle.assemble(
+            config=cfg,
+            node_name=node.name,
+            kube=kube,
+            thunder=thunder,
+            fetcher=fetcher,
+            own=own,
+            metrics=self.metrics,
+            crash=self.crash,
+            scrubber=self.scrubber,
+        )
+        service = claim_service(
+            claims,
+            metrics=self.metrics,
+            tracer=tracer_provider.get_tracer("thunder_dra.plugin"),
+            concurrency=cfg.claim_concurrency,
+        )
+        enroller = await self._enroller(node, runner, thunder, own, claims)
+        await self._recover(claims)
+        server = await self._serve_kubelet(service)
+        health = await self._serve_health(server, enroller)
+        if enroller is not None:
+            self._tasks.append(asyncio.create_task(enroller.run(), name="node-enrollment"))
+        self._tasks.append(
+            asyncio.create_task(
+                claims.recovery.sweep_forever(cfg.intervals.sweep), name="journal-sweep"
+            )
+        )
+        log.info("daemon ready to serve", extra={"instance": cfg.instance_id})
+        return server, health, service
+
+    async def _open_kube(self) -> KubeClient:
+        cfg = self.config
         kube = build_client(
             cfg.kubeconfig, user_agent=user_agent("daemon"), timeout=cfg.kube_timeout
         )
         self._closers.append(kube.close)
         await kube.open()
-        node = await read_node(kube, cfg)
-        runner = make_runner(cfg)
+        return kube
+
+    async def _check_node(self, node: NodeInfo, runner: HostRunner) -> None:
+        """A serving node's GPU driver, or the daemon stops (:class:`NodeSetupError`)."""
         self.metrics.serving_node.set(1 if node.serving else 0)
         if node.serving:
-            version = await check_gpu_driver(runner, node.name, cfg.min_driver_version)
+            version = await check_gpu_driver(runner, node.name, self.config.min_driver_version)
             log.info("serving node checked", extra={"zone": node.zone, "driver_version": version})
         else:
             self.metrics.set_enrollment(EnrollmentState.NOT_SERVING)
@@ -122,6 +167,10 @@ class Daemon:
                 "advertised_ip": node.advertised_ip,
             },
         )
+
+    async def _lock_instance(self) -> InstanceJournal:
+        """This instance's journal, under its lock for the process's whole life."""
+        cfg = self.config
         await fsutil.ensure_dir_async(cfg.state_dir, 0o700)
         own = InstanceJournal(cfg.journal_root, cfg.instance_id)
         if not await asyncio.to_thread(own.lock.try_acquire):
@@ -129,9 +178,13 @@ class Daemon:
                 f"another daemon with instance ID {cfg.instance_id} holds {own.lock.path}"
             )
         self._closers.append(own.lock.release)
+        return own
 
-        tracer_provider = configure_tracing(DAEMON_SERVICE)
-        self._closers.append(tracer_provider.shutdown)
+    def _thunder_clients(
+        self, tracer_provider: TracerProvider
+    ) -> tuple[ThunderClient, ArtifactFetcher]:
+        """The Thunder API client and the artifact fetcher, with the flags' retry policy."""
+        cfg = self.config
         tuning = cfg.thunder
         policy = RetryPolicy(
             max_attempts=tuning.max_attempts,
@@ -168,40 +221,46 @@ class Daemon:
             tracer_provider=tracer_provider,
         )
         self._closers.append(fetcher.aclose)
-        claims = lifecycle.assemble(
-            config=cfg,
-            node_name=node.name,
-            kube=kube,
+        return thunder, fetcher
+
+    async def _enroller(
+        self,
+        node: NodeInfo,
+        runner: HostRunner,
+        thunder: ThunderClient,
+        own: InstanceJournal,
+        claims: lifecycle.ClaimLifecycle,
+    ) -> NodeEnroller | None:
+        """A serving node's enroller, its state loaded (not yet running); None elsewhere."""
+        if not node.serving:
+            return None
+        enroller = NodeEnroller(
+            config=self.config,
+            node=node,
+            runner=runner,
             thunder=thunder,
-            fetcher=fetcher,
-            own=own,
+            journal=own.journal,
+            undo=claims.undo,
             metrics=self.metrics,
-            tracer=tracer_provider.get_tracer("thunder_dra.plugin"),
             crash=self.crash,
             scrubber=self.scrubber,
+            abandoned=claims.abandoned,
+            installer=claims.library.fetch_installer,
         )
-        enroller: NodeEnroller | None = None
-        if node.serving:
-            enroller = NodeEnroller(
-                config=cfg,
-                node=node,
-                runner=runner,
-                thunder=thunder,
-                journal=own.journal,
-                undo=claims.undo,
-                metrics=self.metrics,
-                crash=self.crash,
-                scrubber=self.scrubber,
-                abandoned=claims.abandoned,
-                installer=claims.library.fetch_installer,
-            )
-            await enroller.load()
+        await enroller.load()
+        return enroller
+
+    async def _recover(self, claims: lifecycle.ClaimLifecycle) -> None:
+        """Start-up recovery, before the kubelet can call (:meth:`Recovery.startup`)."""
         try:
             await claims.recovery.startup()
         except CheckpointVersionError as err:
             raise StartupError(f"{err}; run the daemon version that wrote it") from None
         self.metrics.prepared_claims.set(len(claims.checkpoint.current.claims))
-        service = claims.service
+
+    async def _serve_kubelet(self, service: ClaimService) -> PluginServer:
+        """The registration and DRA sockets."""
+        cfg = self.config
         paths = SocketPaths.for_instance(
             cfg.driver_name, cfg.instance_id, cfg.registry_dir, cfg.plugin_dir
         )
@@ -213,6 +272,12 @@ class Daemon:
         )
         await server.start()
         self._closers.append(server.stop)
+        return server
+
+    async def _serve_health(
+        self, server: PluginServer, enroller: NodeEnroller | None
+    ) -> HealthServer:
+        """``/healthz``, ``/readyz`` (registered, and a serving node enrolled) and metrics."""
 
         def readiness() -> list[str]:
             missing = []
@@ -224,6 +289,7 @@ class Daemon:
                 )
             return missing
 
+        cfg = self.config
         health = HealthServer(
             host=cfg.health_address,
             port=cfg.health_port,
@@ -232,15 +298,7 @@ class Daemon:
         )
         await health.start()
         self._closers.append(health.stop)
-        if enroller is not None:
-            self._tasks.append(asyncio.create_task(enroller.run(), name="node-enrollment"))
-        self._tasks.append(
-            asyncio.create_task(
-                claims.recovery.sweep_forever(cfg.intervals.sweep), name="journal-sweep"
-            )
-        )
-        log.info("daemon ready to serve", extra={"instance": cfg.instance_id})
-        return server, health, service
+        return health
 
     async def _close(self) -> None:
         for task in self._tasks:

@@ -5,7 +5,8 @@ answering through its httpx transport, so no socket is opened), the fake apiserv
 (:class:`tests.support.fakekube.FakeKube` behind the daemon's real
 :class:`thunder_dra.kube.client.KubeClient`) and the node's directories. Each
 :meth:`World.start` assembles a fresh daemon from them with the daemon's own wiring
-(:func:`thunder_dra.plugin.claims.lifecycle.assemble`), so a test can "kill" one mid-step
+(:func:`thunder_dra.plugin.claims.lifecycle.assemble` under
+:func:`thunder_dra.plugin.kubelet.handler.claim_service`), so a test can "kill" one mid-step
 (:class:`tests.unit.plugin.fakes.CrashAt`) and start the next on the same state.
 """
 
@@ -34,7 +35,7 @@ from thunder_dra.plugin.claims.recovery import InstanceJournal, Recovery
 from thunder_dra.plugin.claims.repair import Repairer
 from thunder_dra.plugin.claims.unprepare import Unpreparer
 from thunder_dra.plugin.config import DaemonConfig
-from thunder_dra.plugin.kubelet.handler import ClaimService
+from thunder_dra.plugin.kubelet.handler import ClaimService, claim_service
 from thunder_dra.plugin.metrics import DaemonMetrics
 from thunder_dra.plugin.state.checkpoint import CheckpointStore, CheckpointWriter, write_file
 from thunder_dra.plugin.state.crashpoints import CrashPoints
@@ -246,7 +247,6 @@ class World:
             fetcher=fetcher,
             own=own,
             metrics=metrics,
-            tracer=NoOpTracer(),
             crash=crash,
             scrubber=SecretScrubber(),
             checkpoint_writer=checkpoint_writer,
@@ -262,7 +262,9 @@ class World:
             repairer=claims.repairer,
             unpreparer=claims.unpreparer,
             recovery=claims.recovery,
-            service=claims.service,
+            service=claim_service(
+                claims, metrics=metrics, tracer=NoOpTracer(), concurrency=cfg.claim_concurrency
+            ),
             own=own,
             metrics=metrics,
             abandoned=claims.abandoned,

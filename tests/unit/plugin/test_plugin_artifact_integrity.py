@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from thunder_dra.api.thundercluster import ThunderClusterSpec
 from thunder_dra.controllers.workload.daemonset import daemon_command
-from thunder_dra.plugin.claims.allocation import ClaimError
 from thunder_dra.plugin.config import parse_config
+from thunder_dra.plugin.errors import ClaimError
 from thunder_dra.plugin.files.libcache import LibthunderCache
 from thunder_dra.plugin.files.library import LibraryPinMismatch, LibraryProvider
 from thunder_dra.thunder import (

@@ -13,8 +13,9 @@ from prometheus_client import CollectorRegistry
 
 from tests.support.fakekube import FakeKube
 from thunder_dra.kube.client import KubeClient
-from thunder_dra.plugin.claims.allocation import ClaimError, PoolResolver, SingleFlight, ZoneIds
+from thunder_dra.plugin.claims.allocation import PoolResolver, SingleFlight, ZoneIds
 from thunder_dra.plugin.claims.recovery import SWEEP_MAX_BACKOFF_INTERVALS, sweep_delay
+from thunder_dra.plugin.errors import ClaimError
 from thunder_dra.plugin.kubelet.handler import ClaimSlots
 from thunder_dra.thunder import ThunderClient
 

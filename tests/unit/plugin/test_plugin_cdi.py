@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from thunder_dra import fsutil
 from thunder_dra.plugin.files import cdi, clientconfig
 from thunder_dra.plugin.state.checkpoint import PreparedClaim
 
@@ -230,3 +231,29 @@ async def test_remove_and_list(tmp_path: Path) -> None:
     assert await store.remove(UID) is False
     assert await store.list_claim_uids() == ["0-other"]
     assert (directory / "nvidia.com-gpu_claim-x.json").exists()
+
+
+async def test_remove_temp_files_removes_only_this_drivers_leftovers(tmp_path: Path) -> None:
+    directory = tmp_path / "cdi"
+    store = cdi.CdiSpecStore(directory)
+    assert await store.remove_temp_files() == 0  # no directory yet: nothing to do
+    spec = await store.write_claim(_claim(), **_files(tmp_path))
+    # What a crash between the temporary write and the rename leaves: ours, for a claim
+    # with a spec and for one without.
+    ours = [fsutil.temp_path_for(spec), fsutil.temp_path_for(store.path_for("0-other"))]
+    # The directory is shared: another vendor's specs and its own temporary files, and a
+    # hidden file of ours that is no temporary file, are never touched.
+    theirs = [
+        directory / ".nvidia.com-gpu_claim-x.json.tmp-0123456789ab",
+        directory / ".nvidia.com-gpu.json.tmp-abc",
+        directory / "nvidia.com-gpu.yaml",
+        directory / f".thundercompute.com-gpu_claim-{UID}.json",
+    ]
+    for path in [*ours, *theirs]:
+        path.write_text("partial")
+    assert await store.remove_temp_files() == 2
+    assert not any(path.exists() for path in ours)
+    assert all(path.read_text() == "partial" for path in theirs)
+    assert spec.is_file()
+    assert await store.list_claim_uids() == [UID]
+    assert await store.remove_temp_files() == 0

@@ -14,6 +14,7 @@ import pytest
 from tests.support.fakekube import parse_path
 from tests.unit.plugin.fakes import OnStep
 from tests.unit.plugin.lifecycle_node import NAMESPACE, Daemon, World
+from thunder_dra import fsutil
 from thunder_dra.api import ClaimReference
 from thunder_dra.kube.resources import CLIENTS
 from thunder_dra.plugin.state.checkpoint import (
@@ -105,6 +106,28 @@ async def test_start_up_repairs_every_prepared_claim(world: World) -> None:
     assert (daemon.config.claims_dir / refs[0].uid / "config.json").is_file()
     assert len(world.live_tokens()) == 3
     assert world.leaks() == []
+
+
+async def test_start_up_removes_the_temporary_cdi_files_a_crash_left(world: World) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    await _prepare(daemon, ref)
+    spec = _cdi_spec(daemon, ref)
+    content = spec.read_bytes()
+    await daemon.kill()
+    # Killed between a spec's temporary write and its rename (a repair rewriting it, a
+    # prepare writing another claim's): the temporary files stay behind.
+    leftovers = [fsutil.temp_path_for(spec), fsutil.temp_path_for(spec.with_name(spec.name + "x"))]
+    for path in leftovers:
+        path.write_bytes(content[:10])
+    # Another vendor's, in the shared CDI directory, mid-write right now.
+    theirs = spec.with_name(".nvidia.com-gpu_claim-x.json.tmp-0123456789ab")
+    theirs.write_text("partial")
+    daemon = await world.start()
+    assert not any(path.exists() for path in leftovers)
+    assert theirs.read_text() == "partial"
+    assert spec.read_bytes() == content
+    assert sorted(p.name for p in daemon.config.cdi_dir.iterdir()) == [theirs.name, spec.name]
 
 
 class FailingWriter:

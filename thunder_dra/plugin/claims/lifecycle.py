@@ -1,18 +1,17 @@
 """The claim lifecycle of one daemon instance, wired together in one place.
 
 :func:`assemble` builds the parts that prepare, repair, unprepare and roll back claims
-(checkpoint, records, undo, library, preparer, repairer, unpreparer, recovery) and the
-kubelet-facing :class:`ClaimService` over them, from the process's clients (Kubernetes,
-Thunder, artifacts) and this instance's journal. The daemon (:mod:`daemon`) calls it at
-start-up; the lifecycle unit tests call it with in-memory fakes, so both run the same
-wiring.
+(checkpoint, records, undo, library, preparer, repairer, unpreparer, recovery, and the
+node and claim locks they share) from the process's clients (Kubernetes, Thunder,
+artifacts) and this instance's journal. The kubelet's handler sits above it
+(:func:`thunder_dra.plugin.kubelet.handler.claim_service`). The daemon
+(:mod:`thunder_dra.plugin.daemon`) calls both at start-up; the lifecycle unit tests call
+them with in-memory fakes, so both run the same wiring.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from opentelemetry.trace import Tracer
 
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.provenance import ProvenanceKey
@@ -27,7 +26,6 @@ from thunder_dra.plugin.config import DaemonConfig
 from thunder_dra.plugin.files.cdi import CdiSpecStore
 from thunder_dra.plugin.files.libcache import LibthunderCache
 from thunder_dra.plugin.files.library import LibraryProvider
-from thunder_dra.plugin.kubelet.handler import ClaimService, ClaimSlots
 from thunder_dra.plugin.metrics import DaemonMetrics
 from thunder_dra.plugin.state.checkpoint import CheckpointStore, CheckpointWriter, write_file
 from thunder_dra.plugin.state.crashpoints import CrashPoints
@@ -39,6 +37,7 @@ from thunder_dra.thunder import ArtifactFetcher, ThunderClient
 @dataclass
 class ClaimLifecycle:
     checkpoint: CheckpointStore
+    records: Records
     cache: LibthunderCache
     library: LibraryProvider
     undo: Undo
@@ -46,29 +45,44 @@ class ClaimLifecycle:
     repairer: Repairer
     unpreparer: Unpreparer
     recovery: Recovery
-    service: ClaimService
+    node_lock: NodeSerializeLock
+    claim_locks: KeyedLocks
     abandoned: set[str]  # journal entries whose rollback failed, for the sweep
 
 
-def assemble(
-    *,
-    config: DaemonConfig,
-    node_name: str,
-    kube: KubeClient,
-    thunder: ThunderClient,
-    fetcher: ArtifactFetcher,
-    own: InstanceJournal,
-    metrics: DaemonMetrics,
-    tracer: Tracer,
-    crash: CrashPoints,
-    scrubber: SecretScrubber,
-    checkpoint_writer: CheckpointWriter = write_file,
-) -> ClaimLifecycle:
-    cfg = config
+def _library(
+    cfg: DaemonConfig, fetcher: ArtifactFetcher
+) -> tuple[LibthunderCache, LibraryProvider]:
+    """The node's libthunder cache, and the verified installer's pins over it."""
     cache = LibthunderCache(
         cfg.library_cache_dir,
         lambda url, dest, sha: fetcher.download_library(url, sha, dest),
     )
+    library = LibraryProvider(
+        fetcher,
+        cache,
+        cfg.installer_url,
+        installer_sha256=cfg.installer_sha256,
+        library_sha256=cfg.library_sha256,
+    )
+    return cache, library
+
+
+def _prepare_deps(
+    *,
+    cfg: DaemonConfig,
+    node_name: str,
+    kube: KubeClient,
+    thunder: ThunderClient,
+    library: LibraryProvider,
+    own: InstanceJournal,
+    metrics: DaemonMetrics,
+    crash: CrashPoints,
+    scrubber: SecretScrubber,
+    checkpoint_writer: CheckpointWriter,
+) -> PrepareDeps:
+    """What a prepare works with, and shares with repair, unprepare and recovery: the
+    checkpoint, the CDI specs, the ``Client`` records, the undo of enrollments."""
     checkpoint = CheckpointStore(cfg.checkpoint_dir, writer=checkpoint_writer)
     cdi = CdiSpecStore(cfg.cdi_dir, node_gpu_files=cfg.present_gpu_files, ca_bundle=cfg.ca_bundle)
     records = Records(kube, node_name, ProvenanceKey(cfg.api_token))
@@ -80,15 +94,7 @@ def assemble(
         checkpoint=checkpoint,
         metrics=metrics,
     )
-    abandoned: set[str] = set()
-    library = LibraryProvider(
-        fetcher,
-        cache,
-        cfg.installer_url,
-        installer_sha256=cfg.installer_sha256,
-        library_sha256=cfg.library_sha256,
-    )
-    deps = PrepareDeps(
+    return PrepareDeps(
         config=cfg,
         kube=kube,
         thunder=thunder,
@@ -102,12 +108,45 @@ def assemble(
         zones=ZoneIds(thunder),
         crash=crash,
         scrubber=scrubber,
-        abandoned=abandoned,
+        abandoned=set(),
+    )
+
+
+def assemble(
+    *,
+    config: DaemonConfig,
+    node_name: str,
+    kube: KubeClient,
+    thunder: ThunderClient,
+    fetcher: ArtifactFetcher,
+    own: InstanceJournal,
+    metrics: DaemonMetrics,
+    crash: CrashPoints,
+    scrubber: SecretScrubber,
+    checkpoint_writer: CheckpointWriter = write_file,
+) -> ClaimLifecycle:
+    cfg = config
+    cache, library = _library(cfg, fetcher)
+    deps = _prepare_deps(
+        cfg=cfg,
+        node_name=node_name,
+        kube=kube,
+        thunder=thunder,
+        library=library,
+        own=own,
+        metrics=metrics,
+        crash=crash,
+        scrubber=scrubber,
+        checkpoint_writer=checkpoint_writer,
     )
     preparer = Preparer(deps)
     repairer = Repairer(preparer)
     unpreparer = Unpreparer(
-        node_name=node_name, checkpoint=checkpoint, records=records, undo=undo, crash=crash
+        node_name=node_name,
+        checkpoint=deps.checkpoint,
+        records=deps.records,
+        undo=deps.undo,
+        crash=crash,
     )
     claim_locks = KeyedLocks()
     recovery: Recovery | None = None
@@ -120,37 +159,28 @@ def assemble(
     recovery = Recovery(
         own=own,
         journal_root=cfg.journal_root,
-        checkpoint=checkpoint,
-        undo=undo,
+        checkpoint=deps.checkpoint,
+        undo=deps.undo,
         preparer=preparer,
         repairer=repairer,
         unpreparer=unpreparer,
         cache=cache,
+        cdi=deps.cdi,
         node_lock=node_lock,
         claim_locks=claim_locks,
-        abandoned=abandoned,
-    )
-    service = ClaimService(
-        preparer=preparer,
-        repairer=repairer,
-        unpreparer=unpreparer,
-        checkpoint=checkpoint,
-        records=records,
-        node_lock=node_lock,
-        claim_locks=claim_locks,
-        metrics=metrics,
-        tracer=tracer,
-        slots=ClaimSlots(cfg.claim_concurrency, metrics.registry),
+        abandoned=deps.abandoned,
     )
     return ClaimLifecycle(
-        checkpoint=checkpoint,
+        checkpoint=deps.checkpoint,
+        records=deps.records,
         cache=cache,
         library=library,
-        undo=undo,
+        undo=deps.undo,
         preparer=preparer,
         repairer=repairer,
         unpreparer=unpreparer,
         recovery=recovery,
-        service=service,
-        abandoned=abandoned,
+        node_lock=node_lock,
+        claim_locks=claim_locks,
+        abandoned=deps.abandoned,
     )

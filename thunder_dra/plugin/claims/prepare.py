@@ -36,7 +36,6 @@ from thunder_dra.kube import errors as kube_errors
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.plugin.claims.allocation import (
-    ClaimError,
     PoolResolver,
     ZoneIds,
     is_virt_launcher,
@@ -46,6 +45,7 @@ from thunder_dra.plugin.claims.allocation import (
 from thunder_dra.plugin.claims.records import Records
 from thunder_dra.plugin.claims.rollback import Undo
 from thunder_dra.plugin.config import DaemonConfig
+from thunder_dra.plugin.errors import ClaimError
 from thunder_dra.plugin.files.cdi import CdiError, CdiSpecStore
 from thunder_dra.plugin.files.clientconfig import (
     ClientConfigError,

@@ -38,10 +38,11 @@ from pathlib import Path
 from thunder_dra.api import Client, ConsumerKind
 from thunder_dra.kube import naming
 from thunder_dra.kube.errors import KubeError, NotFound
-from thunder_dra.plugin.claims.allocation import ClaimError, parse_claim
+from thunder_dra.plugin.claims.allocation import parse_claim
 from thunder_dra.plugin.claims.prepare import PrepareDeps
 from thunder_dra.plugin.claims.records import claim_from_client, parse_client
 from thunder_dra.plugin.claims.unprepare import Unpreparer
+from thunder_dra.plugin.errors import ClaimError
 from thunder_dra.plugin.files.cdi import LIBTHUNDER_CONTAINER_PATH
 from thunder_dra.plugin.state.checkpoint import CheckpointStore, PreparedClaim
 from thunder_dra.plugin.state.journal import MintJournal

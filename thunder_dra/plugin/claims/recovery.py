@@ -8,7 +8,10 @@ update is never disturbed):
    instance (one whose instance lock can be taken: the kernel released it when that
    process died);
 3. finish unprepares that a crash interrupted;
-4. re-verify the libthunder cache (corrupt files are removed and fetched again on use);
+4. remove this driver's temporary spec files that a crash mid-write left in the CDI
+   directory (only names of our own specs: the directory is shared with other vendors),
+   and re-verify the libthunder cache (corrupt files are removed and fetched again on
+   use);
 5. repair every prepared claim: rewrite missing CDI specs (``/var/run/cdi`` is emptied by
    a reboot), re-create missing ``Client`` records, re-enroll claims whose
    ``config.json`` is gone.
@@ -42,12 +45,13 @@ from typing import Any
 
 from thunder_dra import fsutil
 from thunder_dra.kube.errors import KubeError
-from thunder_dra.plugin.claims.allocation import ClaimError
 from thunder_dra.plugin.claims.prepare import Preparer
 from thunder_dra.plugin.claims.rebuild import Rebuilder
 from thunder_dra.plugin.claims.repair import Repairer
 from thunder_dra.plugin.claims.rollback import Undo
 from thunder_dra.plugin.claims.unprepare import Unpreparer
+from thunder_dra.plugin.errors import ClaimError
+from thunder_dra.plugin.files.cdi import CdiSpecStore
 from thunder_dra.plugin.files.libcache import LibthunderCache
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.plugin.state.checkpoint import CheckpointStore, ClaimState
@@ -105,6 +109,7 @@ class Recovery:
         repairer: Repairer,
         unpreparer: Unpreparer,
         cache: LibthunderCache,
+        cdi: CdiSpecStore,
         node_lock: NodeSerializeLock,
         claim_locks: KeyedLocks,
         abandoned: set[str],
@@ -116,6 +121,7 @@ class Recovery:
         self._repairer = repairer
         self._unpreparer = unpreparer
         self._cache = cache
+        self._cdi = cdi
         self._node_lock = node_lock
         self._claim_locks = claim_locks
         self._abandoned = abandoned
@@ -139,6 +145,7 @@ class Recovery:
                         prepared.uid,
                         self._unpreparer.finish(prepared),
                     )
+            await self._remove_temp_specs()
             removed = await self._cache.verify_all()
             if removed:
                 log.warning("removed corrupt cached libthunder files", extra={"digests": removed})
@@ -148,6 +155,23 @@ class Recovery:
                         "repair a prepared claim", prepared.uid, self._repairer.repair(prepared)
                     )
             self._started = True
+
+    async def _remove_temp_specs(self) -> None:
+        # Every CDI spec write runs under the node lock, which this instance holds here:
+        # a temporary spec file of ours is one a crash left, and nothing else removes it.
+        try:
+            removed = await self._cdi.remove_temp_files()
+        except OSError as err:
+            log.warning(
+                "could not remove temporary CDI spec files left by a crash",
+                extra={"cdi_dir": str(self._cdi.cdi_dir), "error": str(err)},
+            )
+            return
+        if removed:
+            log.warning(
+                "removed temporary CDI spec files left by a crash",
+                extra={"cdi_dir": str(self._cdi.cdi_dir), "count": removed},
+            )
 
     async def _attempt(self, what: str, uid: str, work: Coroutine[Any, Any, object]) -> None:
         try:

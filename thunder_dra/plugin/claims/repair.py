@@ -21,8 +21,9 @@ from __future__ import annotations
 import logging
 
 from thunder_dra.kube.errors import KubeError
-from thunder_dra.plugin.claims.allocation import ClaimError, parse_claim
+from thunder_dra.plugin.claims.allocation import parse_claim
 from thunder_dra.plugin.claims.prepare import Preparer
+from thunder_dra.plugin.errors import ClaimError
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.plugin.state.checkpoint import PreparedClaim
 from thunder_dra.thunder import ThunderError

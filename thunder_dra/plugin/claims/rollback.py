@@ -22,8 +22,6 @@ A Thunder failure leaves the entry open for the next sweep.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
 
 from thunder_dra.plugin.claims.records import Records
@@ -35,6 +33,7 @@ from thunder_dra.plugin.files.clientconfig import (
 )
 from thunder_dra.plugin.files.layout import ClaimLayout
 from thunder_dra.plugin.metrics import DaemonMetrics
+from thunder_dra.plugin.node.enrollment import NodeEnrollmentView
 from thunder_dra.plugin.state.checkpoint import CheckpointStore
 from thunder_dra.plugin.state.journal import JournalEntry, MintJournal, MintPurpose
 from thunder_dra.thunder import (
@@ -64,14 +63,6 @@ def nothing_minted(err: ThunderError) -> bool:
     if isinstance(err, ThunderTransportError):
         return not err.request_sent
     return False
-
-
-@dataclass
-class NodeEnrollmentView:
-    """What rollback needs to know about the node's own enrollment."""
-
-    current_token_id: Callable[[], str | None]
-    on_rolled_back: Callable[[], None]
 
 
 class Undo:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 
 from thunder_dra.api import ConsumerKind
-from thunder_dra.plugin.claims.allocation import ClaimError
 from thunder_dra.plugin.claims.records import Records
 from thunder_dra.plugin.claims.rollback import Undo
+from thunder_dra.plugin.errors import ClaimError
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.plugin.state.checkpoint import CheckpointStore, ClaimRef, ClaimState, PreparedClaim
 from thunder_dra.plugin.state.crashpoints import CrashPoints

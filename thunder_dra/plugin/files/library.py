@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from thunder_dra.plugin.claims.allocation import ClaimError
+from thunder_dra.plugin.errors import ClaimError
 from thunder_dra.plugin.files.libcache import (
     DigestMismatchError,
     LibraryCacheError,

@@ -28,11 +28,12 @@ from opentelemetry.trace import Status, StatusCode, Tracer
 from prometheus_client import CollectorRegistry, Gauge
 
 from thunder_dra.kube.errors import KubeError
-from thunder_dra.plugin.claims.allocation import ClaimError
+from thunder_dra.plugin.claims.lifecycle import ClaimLifecycle
 from thunder_dra.plugin.claims.prepare import Preparer
 from thunder_dra.plugin.claims.records import Records
 from thunder_dra.plugin.claims.repair import Repairer
 from thunder_dra.plugin.claims.unprepare import Unpreparer
+from thunder_dra.plugin.errors import ClaimError
 from thunder_dra.plugin.metrics import DaemonMetrics, ErrorReason
 from thunder_dra.plugin.state.checkpoint import CheckpointStore, ClaimRef, ClaimState, PreparedClaim
 from thunder_dra.plugin.state.locks import KeyedLocks, NodeSerializeLock
@@ -257,3 +258,23 @@ class ClaimService:
         self._metrics.unprepares.labels("success").inc()
         self._events.pop(ref.uid, None)
         return ""
+
+
+def claim_service(
+    claims: ClaimLifecycle, *, metrics: DaemonMetrics, tracer: Tracer, concurrency: int
+) -> ClaimService:
+    """The kubelet's handler over one instance's claim lifecycle
+    (:func:`thunder_dra.plugin.claims.lifecycle.assemble`), at most ``concurrency``
+    claims at once (``--claim-concurrency``)."""
+    return ClaimService(
+        preparer=claims.preparer,
+        repairer=claims.repairer,
+        unpreparer=claims.unpreparer,
+        checkpoint=claims.checkpoint,
+        records=claims.records,
+        node_lock=claims.node_lock,
+        claim_locks=claims.claim_locks,
+        metrics=metrics,
+        tracer=tracer,
+        slots=ClaimSlots(concurrency, metrics.registry),
+    )

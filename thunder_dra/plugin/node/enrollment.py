@@ -35,8 +35,9 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
 
-from thunder_dra.plugin.claims.rollback import NodeEnrollmentView, Undo
 from thunder_dra.plugin.config import DaemonConfig
 from thunder_dra.plugin.files.guest import (
     HOST_INSTALL_COMMAND,
@@ -55,6 +56,7 @@ from thunder_dra.plugin.node.thunderd import (
 )
 from thunder_dra.plugin.state.crashpoints import CrashPoints
 from thunder_dra.plugin.state.journal import (
+    JournalEntry,
     JournalEntryNotFound,
     MintJournal,
     MintPurpose,
@@ -77,6 +79,28 @@ class EnrollmentError(Exception):
     """One enrollment attempt failed; the message says which step and why."""
 
 
+@dataclass
+class NodeEnrollmentView:
+    """What rollback needs to know about the node's own enrollment."""
+
+    current_token_id: Callable[[], str | None]
+    on_rolled_back: Callable[[], None]
+
+
+class MintRollback(Protocol):
+    """What enrollment needs of the claims' rollback
+    (:class:`thunder_dra.plugin.claims.rollback.Undo`, a layer above): settle a failed
+    mint, roll back an open journal entry, and be told about the node's enrollment."""
+
+    node: NodeEnrollmentView | None
+
+    async def settle_failed_mint(
+        self, journal: MintJournal, entry: JournalEntry, err: ThunderError
+    ) -> None: ...
+
+    async def roll_back(self, journal: MintJournal, entry: JournalEntry) -> object: ...
+
+
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
@@ -91,7 +115,7 @@ class NodeEnroller:
         runner: HostRunner,
         thunder: ThunderClient,
         journal: MintJournal,
-        undo: Undo,
+        undo: MintRollback,
         metrics: DaemonMetrics,
         crash: CrashPoints,
         scrubber: SecretScrubber,
