@@ -100,6 +100,10 @@ lock: ## Re-resolve the pinned package versions into constraints.txt
 clean: ## Remove the virtual environment and caches in the tree
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build dist *.egg-info
 
+.PHONY: layers
+layers: $(STAMP) ## Check that thunder_dra's imports run one way: no import cycles, no upward imports
+	$(PY) -m hack.layers
+
 # -- packaging and operations (charts/, config/, bundle/, containers/) ----------------
 TOOLS_BIN = $(shell hack/build-tools.sh --print)
 HELM = $(TOOLS_BIN)/helm
