@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from thunder_dra.plugin.config import ConfigError, parse_config
+from thunder_dra.plugin.config import ConfigError, parse_config, warn_bare_seconds
 from thunder_dra.plugin.daemon import Daemon, StartupError
 from thunder_dra.plugin.node.facts import NodeSetupError
 from thunder_dra.plugin.state.crashpoints import CrashPoints
@@ -30,6 +30,7 @@ def main(argv: Sequence[str] | None = None, *, crash: CrashPoints | None = None)
         return 1
     scrubber = configure_logging(config.log_level, config.log_format)
     scrubber.add(config.api_token)
+    warn_bare_seconds(config, log)
     try:
         asyncio.run(Daemon(config, scrubber, crash).run())
     except (NodeSetupError, StartupError, ValueError) as err:

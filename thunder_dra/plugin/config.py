@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from thunder_dra.api.duration import format_duration
 from thunder_dra.api.syntax import url_problem
 from thunder_dra.kube import naming
 from thunder_dra.plugin.files.cdi import NodeGpuFiles
 from thunder_dra.plugin.files.layout import ClaimLayout
+from thunder_dra.process.flags import FlagDuration, duration_or_seconds
 from thunder_dra.thunder import DEFAULT_API_URL, DEFAULT_ARTIFACT_BASE_URL, Secret
 
 DEFAULT_TELEMETRY_URL = "https://telemetry.thundercompute.com:2096"
@@ -26,6 +29,17 @@ TOKEN_ENV = "THUNDER_API_TOKEN"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+DURATION_FLAGS = (
+    "--thunder-timeout",
+    "--thunder-retry-initial-backoff",
+    "--thunder-retry-max-backoff",
+    "--thunder-retry-budget",
+    "--thunderd-check-interval",
+    "--enrollment-retry-max",
+    "--sweep-interval",
+    "--install-timeout",
+    "--kube-timeout",
+)
 
 
 class ConfigError(ValueError):
@@ -87,6 +101,8 @@ class DaemonConfig:
     kube_timeout: float = 20.0  # seconds per Kubernetes request
     installer_sha256: str | None = None
     library_sha256: str | None = None
+    bare_seconds_flags: Mapping[str, str] = field(default_factory=dict)
+    """Duration flags given in bare seconds (deprecated), each with its Go spelling."""
 
     # Everything below is a fixed layout under the four directories.
 
@@ -173,13 +189,6 @@ def _env_pair(value: str) -> tuple[str, str]:
     return name, content
 
 
-def _positive(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return number
-
-
 def _url(value: str) -> str:
     trimmed = value.strip().rstrip("/")
     if not trimmed.startswith(("https://", "http://")):
@@ -238,17 +247,18 @@ def build_parser() -> argparse.ArgumentParser:
     add("--ca-bundle-path", type=Path, help="opt-in: host CA bundle mounted over the image's")
     add("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     add("--log-format", choices=("auto", "json", "text"), default="auto")
-    add("--thunder-timeout", type=_positive, default=30.0, help="seconds per Thunder request")
+    # Durations: Go syntax ("30s", "1m30s", "500ms"); bare seconds are still read (deprecated).
+    add("--thunder-timeout", type=duration_or_seconds, default="30s", help="per Thunder request")
     add("--thunder-retry-attempts", type=int, default=5)
-    add("--thunder-retry-initial-backoff", type=_positive, default=0.5)
-    add("--thunder-retry-max-backoff", type=_positive, default=8.0)
-    add("--thunder-retry-budget", type=_positive, default=60.0)
-    add("--thunderd-check-interval", type=_positive, default=30.0)
-    add("--enrollment-retry-max", type=_positive, default=300.0)
-    add("--sweep-interval", type=_positive, default=30.0)
-    add("--install-timeout", type=_positive, default=900.0)
+    add("--thunder-retry-initial-backoff", type=duration_or_seconds, default="500ms")
+    add("--thunder-retry-max-backoff", type=duration_or_seconds, default="8s")
+    add("--thunder-retry-budget", type=duration_or_seconds, default="60s")
+    add("--thunderd-check-interval", type=duration_or_seconds, default="30s")
+    add("--enrollment-retry-max", type=duration_or_seconds, default="5m")
+    add("--sweep-interval", type=duration_or_seconds, default="30s")
+    add("--install-timeout", type=duration_or_seconds, default="15m")
     add("--claim-concurrency", type=int, default=20, help="claims worked on at once (1-256)")
-    add("--kube-timeout", type=_positive, default=20.0, help="seconds per Kubernetes request")
+    add("--kube-timeout", type=duration_or_seconds, default="20s", help="per Kubernetes request")
     return parser
 
 
@@ -293,6 +303,10 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonCo
         libnvidia_ml=_absolute("--libnvidia-ml-path", args.libnvidia_ml_path),
     )
     kubeconfig = env.get("KUBECONFIG", "").strip()
+    durations: dict[str, FlagDuration] = {
+        flag: getattr(args, flag[2:].replace("-", "_")) for flag in DURATION_FLAGS
+    }
+    seconds = {flag: value.seconds for flag, value in durations.items()}
     return DaemonConfig(
         driver_name=args.driver_name,
         node_name=node_name,
@@ -321,20 +335,37 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonCo
         node_gpu_files=gpu_files,
         ca_bundle=_absolute("--ca-bundle-path", args.ca_bundle_path),
         thunder=ThunderTuning(
-            timeout=args.thunder_timeout,
+            timeout=seconds["--thunder-timeout"],
             max_attempts=args.thunder_retry_attempts,
-            initial_backoff=args.thunder_retry_initial_backoff,
-            max_backoff=max(args.thunder_retry_max_backoff, args.thunder_retry_initial_backoff),
-            budget=args.thunder_retry_budget,
+            initial_backoff=seconds["--thunder-retry-initial-backoff"],
+            max_backoff=max(
+                seconds["--thunder-retry-max-backoff"], seconds["--thunder-retry-initial-backoff"]
+            ),
+            budget=seconds["--thunder-retry-budget"],
         ),
         intervals=Intervals(
-            thunderd_check=args.thunderd_check_interval,
-            enrollment_retry_max=args.enrollment_retry_max,
-            sweep=args.sweep_interval,
-            install_timeout=args.install_timeout,
+            thunderd_check=seconds["--thunderd-check-interval"],
+            enrollment_retry_max=seconds["--enrollment-retry-max"],
+            sweep=seconds["--sweep-interval"],
+            install_timeout=seconds["--install-timeout"],
         ),
         installer_sha256=args.installer_sha256,
         claim_concurrency=args.claim_concurrency,
-        kube_timeout=args.kube_timeout,
+        kube_timeout=seconds["--kube-timeout"],
         library_sha256=args.library_sha256,
+        bare_seconds_flags={
+            flag: format_duration(value.value)
+            for flag, value in durations.items()
+            if value.bare_seconds
+        },
     )
+
+
+def warn_bare_seconds(config: DaemonConfig, log: logging.Logger) -> None:
+    """One warning per duration flag given in bare seconds, once logging is set up: a
+    command line written for an earlier release still works, and says what to change."""
+    for flag, spelled in config.bare_seconds_flags.items():
+        log.warning(
+            "a duration flag is given in bare seconds, which is deprecated; write a duration",
+            extra={"flag": flag, "read_as": spelled},
+        )

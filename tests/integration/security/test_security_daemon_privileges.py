@@ -42,6 +42,7 @@ from hack.testbed.kube import Kube, wait_for
 from release import bundle
 from thunder_dra.controllers.process.policies import apply_policies, operator_identity, rendered
 from thunder_dra.kube.admissionpolicy import SUFFIXES
+from thunder_dra.kube.events import EventRecorder
 from thunder_dra.kube.provenance import ProvenanceKey
 from thunder_dra.kube.transport import build_client
 from thunder_dra.plugin.claims.records import Records
@@ -665,7 +666,16 @@ def test_the_daemons_records_find_and_remove_only_their_own_setup_secrets(
         mine_kube = build_client(b.kubeconfig, user_agent="security-test")
         theirs_kube = build_client(a.kubeconfig, user_agent="security-test")
         async with mine_kube, theirs_kube:
-            await check(Records(mine_kube, b.node, key), Records(theirs_kube, a.node, key))
+            mine, theirs = (
+                Records(
+                    client,
+                    node,
+                    key,
+                    events=EventRecorder(client, component="daemon", instance=node, scrub=str),
+                )
+                for client, node in ((mine_kube, b.node), (theirs_kube, a.node))
+            )
+            await check(mine, theirs)
 
     async def check(mine: Records, theirs: Records) -> None:
         ns = install.workloads

@@ -211,3 +211,16 @@ async def test_a_mint_whose_answer_is_lost_is_the_one_unrevocable_window(world: 
     )
     prepared = _prepared((await daemon.prepare(ref))[ref.uid])
     assert world.live_clients() == [prepared.client_id]
+
+
+async def test_a_failing_prepare_retried_by_the_kubelet_is_one_event(world: World) -> None:
+    """The kubelet retries a failed prepare every few seconds: the recorder the operator
+    uses too counts the repeats into the one event instead of writing one each time."""
+    daemon = await world.start()
+    ref = world.claim("pending")
+    del world.claim_object(ref)["status"]["allocation"]
+    for _ in range(3):
+        assert (await daemon.prepare(ref))[ref.uid].startswith(f"claim {NAMESPACE}/pending:")
+    (event,) = world.of_collection(EVENTS.collection(NAMESPACE))
+    assert event["involvedObject"]["uid"] == ref.uid
+    assert len(world.kube.calls("POST", EVENTS.collection(NAMESPACE))) == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.events import EventRecorder
 from thunder_dra.kube.provenance import ProvenanceKey
 from thunder_dra.plugin.claims.allocation import PoolResolver, ZoneIds
 from thunder_dra.plugin.claims.prepare import PrepareDeps, Preparer
@@ -31,6 +32,7 @@ from thunder_dra.plugin.state.checkpoint import CheckpointStore, CheckpointWrite
 from thunder_dra.plugin.state.crashpoints import CrashPoints
 from thunder_dra.plugin.state.locks import KeyedLocks, NodeSerializeLock
 from thunder_dra.process.logs import SecretScrubber
+from thunder_dra.process.tracing import DAEMON_SERVICE
 from thunder_dra.thunder import ArtifactFetcher, ThunderClient
 
 
@@ -85,7 +87,14 @@ def _prepare_deps(
     checkpoint, the CDI specs, the ``Client`` records, the undo of enrollments."""
     checkpoint = CheckpointStore(cfg.checkpoint_dir, writer=checkpoint_writer)
     cdi = CdiSpecStore(cfg.cdi_dir, node_gpu_files=cfg.present_gpu_files, ca_bundle=cfg.ca_bundle)
-    records = Records(kube, node_name, ProvenanceKey(cfg.api_token))
+    events = EventRecorder(
+        kube,
+        component=DAEMON_SERVICE,
+        instance=node_name,
+        host=node_name,
+        scrub=scrubber.scrub,
+    )
+    records = Records(kube, node_name, ProvenanceKey(cfg.api_token), events=events)
     undo = Undo(
         thunder=thunder,
         cdi=cdi,

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import logging
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -43,16 +42,18 @@ from thunder_dra.api import (
     ZoneReference,
 )
 from thunder_dra.api.constants import CLIENT_KIND, DOMAIN
-from thunder_dra.kube import naming, provenance
+from thunder_dra.kube import bodies, naming, provenance
 from thunder_dra.kube.admissionpolicy import ANNOTATION_NODE_NAME, LABEL_CLAIM_UID
 from thunder_dra.kube.client import JSON, KubeClient
 from thunder_dra.kube.errors import Conflict, Forbidden, Invalid, KubeError, NotFound
+from thunder_dra.kube.events import EventRecorder, ObjectRef
 from thunder_dra.kube.resources import CLIENTS, SECRETS
 from thunder_dra.plugin.files.guest import GUEST_SCRIPT_KEY, GUEST_TOKEN_KEY, guest_secret_name
 from thunder_dra.plugin.state.checkpoint import ClaimState, Consumer, PreparedClaim, PreparedDevice
 from thunder_dra.thunder import Secret
 
 ANNOTATION_TOKEN_ID = f"{DOMAIN}/enrollment-token-id"
+CLAIM_API_VERSION = "resource.k8s.io/v1"
 _FINALIZER_RETRIES = 5
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ def parse_client(raw: JSON) -> Client | None:
     try:
         return Client.model_validate(raw)
     except ValidationError as err:
-        metadata = raw.get("metadata") or {}
+        metadata = bodies.metadata(raw)
         log.warning(
             "a Client record does not match its schema; left alone",
             extra={
@@ -141,16 +142,22 @@ def _pointer(key: str) -> str:
 
 
 def _token_id_of(client: JSON) -> str:
-    return str((client.get("spec") or {}).get("enrollmentTokenId") or "")
+    return str(bodies.spec(client).get("enrollmentTokenId") or "")
 
 
 class Records:
     def __init__(
-        self, kube: KubeClient, node_name: str, provenance_key: provenance.ProvenanceKey
+        self,
+        kube: KubeClient,
+        node_name: str,
+        provenance_key: provenance.ProvenanceKey,
+        *,
+        events: EventRecorder,
     ) -> None:
         self._kube = kube
         self._node = node_name
         self._provenance = provenance_key
+        self._events = events
 
     # Clients
 
@@ -167,7 +174,7 @@ class Records:
     async def _adopt(self, claim: PreparedClaim) -> None:
         name = client_name(claim.uid)
         existing = await self._kube.get_client(claim.namespace, name)
-        metadata = existing.get("metadata") or {}
+        metadata = bodies.metadata(existing)
         if metadata.get("deletionTimestamp"):
             # A record on its way out (an earlier unprepare, or the reaper): let it go and
             # start a fresh one; its enrollment is revoked by whoever deleted it.
@@ -248,7 +255,7 @@ class Records:
             return False
         if answer.get("kind") != CLIENT_KIND:
             return True  # a Status: gone at once (no finalizer left)
-        finalizers = list((answer.get("metadata") or {}).get("finalizers") or [])
+        finalizers = bodies.finalizers(answer)
         if CLIENT_FINALIZER not in finalizers:
             return True
         index = finalizers.index(CLIENT_FINALIZER)
@@ -275,7 +282,7 @@ class Records:
                 current = await self._kube.get_client(namespace, name)
             except NotFound:
                 return
-            metadata = current.get("metadata") or {}
+            metadata = bodies.metadata(current)
             finalizers = list(metadata.get("finalizers") or [])
             if CLIENT_FINALIZER not in finalizers:
                 return
@@ -405,7 +412,7 @@ class Records:
         existing = await self._probe_guest_secret(namespace, name, claim_uid, only_token_id)
         if existing is None:
             return False
-        metadata = existing.get("metadata") or {}
+        metadata = bodies.metadata(existing)
         # Exactly the version just checked: a later attempt's replacement is kept.
         try:
             await self._kube.delete(
@@ -422,30 +429,7 @@ class Records:
     async def claim_event(
         self, namespace: str, claim_name: str, claim_uid: str, reason: str, message: str
     ) -> None:
-        """A Warning event on the ResourceClaim; best effort (a failure is only logged)."""
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{claim_name[:200]}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "name": claim_name,
-                "namespace": namespace,
-                "uid": claim_uid,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning",
-            "source": {"component": "thunder-dra-daemon", "host": self._node},
-            "reportingComponent": "thundercompute.com/daemon",
-            "reportingInstance": self._node[:128],
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            await self._kube.create_event(namespace, body)
-        except KubeError as err:
-            log.debug("could not record an event", extra={"error": str(err)})
+        """A Warning event on the ResourceClaim, through the recorder both processes share
+        (repeats counted, secrets masked); best effort: a failure is only logged."""
+        claim = ObjectRef(CLAIM_API_VERSION, "ResourceClaim", claim_name, claim_uid, namespace)
+        await self._events.post(claim, "Warning", reason, message)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from thunder_dra import fsutil
+from thunder_dra.backoff import backoff_delay
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.plugin.claims.prepare import Preparer
 from thunder_dra.plugin.claims.rebuild import Rebuilder
@@ -88,13 +89,19 @@ def error_reason(err: BaseException) -> ErrorReason:
     return ErrorReason.INTERNAL
 
 
-def sweep_delay(interval: float, failures_in_row: int) -> float:
-    """The wait before the next sweep pass: the interval after a clean pass, then doubling
-    per failed pass, jittered (50-100%) so a fleet does not retry in step."""
+def sweep_delay(interval: float, failures_in_row: int, rng: random.Random | None = None) -> float:
+    """The wait before the next sweep pass: the interval after a clean pass; after failed
+    passes the one backoff (:mod:`thunder_dra.backoff`) from twice the interval (a failed
+    pass never brings the next one closer) up to 8 intervals, jittered (50-100%) so a
+    fleet does not retry in step."""
     if failures_in_row <= 0:
         return interval
-    ceiling = interval * SWEEP_MAX_BACKOFF_INTERVALS
-    return min(interval * 2.0**failures_in_row, ceiling) * random.uniform(0.5, 1.0)  # noqa: S311
+    return backoff_delay(
+        failures_in_row,
+        base=2 * interval,
+        cap=SWEEP_MAX_BACKOFF_INTERVALS * interval,
+        rng=rng,
+    )
 
 
 class Recovery:

@@ -40,9 +40,6 @@ from thunder_dra.plugin.state.locks import KeyedLocks, NodeSerializeLock
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-# The kubelet retries a failed prepare every few seconds: one event per distinct error
-# and claim in this window is enough for `kubectl describe`.
-EVENT_REPEAT_AFTER = 300.0
 DEFAULT_CLAIM_CONCURRENCY = 20  # --claim-concurrency
 
 
@@ -125,7 +122,6 @@ class ClaimService:
         self._tracer = tracer
         self._slots = slots or ClaimSlots(DEFAULT_CLAIM_CONCURRENCY, metrics.registry)
         self._running: set[asyncio.Task[Any]] = set()
-        self._events: dict[str, tuple[str, float]] = {}
 
     async def _shielded(self, work: Coroutine[Any, Any, _T]) -> _T:
         task = asyncio.ensure_future(work)
@@ -187,11 +183,8 @@ class ClaimService:
         return result
 
     async def _warn(self, ref: ClaimRef, message: str) -> None:
-        now = time.monotonic()
-        last = self._events.get(ref.uid)
-        if last is not None and last[0] == message and now - last[1] < EVENT_REPEAT_AFTER:
-            return
-        self._events[ref.uid] = (message, now)
+        # The kubelet retries a failed prepare every few seconds: the recorder counts the
+        # repeats into one event (kube/events.py), as it does the operator's.
         await self._records.claim_event(
             ref.namespace, ref.name, ref.uid, "ThunderPrepareFailed", message
         )
@@ -205,7 +198,6 @@ class ClaimService:
             # so the claim is enrolled from a clean slate.
             await self._unpreparer.finish(existing)
         prepared = await self._preparer.prepare(ref)
-        self._events.pop(ref.uid, None)
         log.info(
             "claim prepared",
             extra={
@@ -256,7 +248,6 @@ class ClaimService:
                 self._metrics.unprepare_seconds.observe(time.monotonic() - started)
                 self._metrics.prepared_claims.set(len(self._checkpoint.current.claims))
         self._metrics.unprepares.labels("success").inc()
-        self._events.pop(ref.uid, None)
         return ""
 
 

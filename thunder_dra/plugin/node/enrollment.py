@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from thunder_dra.backoff import backoff_delay
 from thunder_dra.plugin.config import DaemonConfig
 from thunder_dra.plugin.files.guest import (
     HOST_INSTALL_COMMAND,
@@ -172,7 +173,7 @@ class NodeEnroller:
 
     async def run(self) -> None:
         """Converge forever: enroll, then check thunderd every ``thunderd_check`` seconds."""
-        backoff = INITIAL_BACKOFF
+        failures = 0
         while True:
             try:
                 await self.converge()
@@ -190,16 +191,21 @@ class NodeEnroller:
                 self.last_error = str(err)
                 self._metrics.loop_errors.labels(LOOP_NAME).inc()
                 self._metrics.set_enrollment(EnrollmentState.FAILED)
-                wait = self._rng.uniform(backoff / 2, backoff)
+                failures += 1
+                wait = backoff_delay(
+                    failures,
+                    base=INITIAL_BACKOFF,
+                    cap=self._config.intervals.enrollment_retry_max,
+                    rng=self._rng,
+                )
                 log.error(
                     "node enrollment failed; retrying",
                     extra={"error": str(err), "retry_in_s": round(wait, 2), "zone": self._zone},
                     exc_info=not expected,
                 )
                 await asyncio.sleep(wait)
-                backoff = min(backoff * 2, self._config.intervals.enrollment_retry_max)
                 continue
-            backoff = INITIAL_BACKOFF
+            failures = 0
             await asyncio.sleep(self._config.intervals.thunderd_check)
 
     async def converge(self) -> None:
