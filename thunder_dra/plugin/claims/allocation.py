@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from thunder_dra.kube import naming
+from thunder_dra.kube import bodies, naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.plugin.errors import ClaimError
@@ -144,18 +144,14 @@ def _preload(config: list[Mapping[str, Any]], driver: str) -> bool:
 
 def parse_claim(claim: Mapping[str, Any], uid: str, driver: str) -> ClaimAllocation:
     """The part of a ResourceClaim this driver prepares; raises :class:`ClaimError`."""
-    metadata = claim.get("metadata") or {}
-    if metadata.get("uid") != uid:
+    if bodies.uid(claim) != uid:
         raise ClaimError(
-            f"has UID {metadata.get('uid')}, the kubelet asked for {uid} "
+            f"has UID {bodies.uid(claim) or None}, the kubelet asked for {uid} "
             "(the claim was deleted and re-created)"
         )
-    status = claim.get("status") or {}
-    allocation = status.get("allocation")
-    if not allocation:
+    if not bodies.allocation(claim):
         raise ClaimError("not allocated (status.allocation is empty)")
-    devices = allocation.get("devices") or {}
-    ours = [r for r in devices.get("results") or [] if r.get("driver") == driver]
+    ours = [r for r in bodies.allocation_results(claim) if r.get("driver") == driver]
     if not ours:
         raise ClaimError(f"no device of driver {driver} is allocated")
     allocated = tuple(_device(r) for r in ours)
@@ -168,7 +164,7 @@ def parse_claim(claim: Mapping[str, Any], uid: str, driver: str) -> ClaimAllocat
         )
     reserved = tuple(
         str(r.get("name"))
-        for r in status.get("reservedFor") or []
+        for r in bodies.reserved_for(claim)
         if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("name")
     )
     return ClaimAllocation(
@@ -176,40 +172,38 @@ def parse_claim(claim: Mapping[str, Any], uid: str, driver: str) -> ClaimAllocat
         pool=pools[0],
         devices=allocated,
         reserved_pods=reserved,
-        preload=_preload(list(devices.get("config") or []), driver),
+        preload=_preload(bodies.allocation_config(claim), driver),
     )
 
 
 def is_virt_launcher(pod: Mapping[str, Any]) -> bool:
-    labels = (pod.get("metadata") or {}).get("labels") or {}
+    labels = bodies.labels(pod)
     key, value = VIRT_LAUNCHER_LABEL
     return bool(labels.get(key) == value)
 
 
 def vm_name(pod: Mapping[str, Any]) -> str:
-    metadata = pod.get("metadata") or {}
-    labels = metadata.get("labels") or {}
+    labels = bodies.labels(pod)
     for key in VM_NAME_LABELS:
         if labels.get(key):
             return str(labels[key])
-    return str(metadata.get("name", ""))
+    return bodies.name(pod)
 
 
 def _newest(slices: Sequence[Mapping[str, Any]], pool: str) -> list[Mapping[str, Any]]:
-    ours = [s for s in slices if ((s.get("spec") or {}).get("pool") or {}).get("name") == pool]
+    ours = [s for s in slices if bodies.pool_name(s) == pool]
     if not ours:
         return []
-    newest = max(int(s["spec"]["pool"].get("generation") or 0) for s in ours)
-    return [s for s in ours if int(s["spec"]["pool"].get("generation") or 0) == newest]
+    newest = max(bodies.pool_generation(s) for s in ours)
+    return [s for s in ours if bodies.pool_generation(s) == newest]
 
 
 def identity_from_slices(slices: Sequence[Mapping[str, Any]], pool: str) -> PoolIdentity | None:
     """Zone and model spellings of ``pool`` from its newest slices, or None."""
     for piece in _newest(slices, pool):
-        annotations = (piece.get("metadata") or {}).get("annotations") or {}
-        zone = annotations.get(naming.ANNOTATION_ZONE)
-        model = annotations.get(naming.ANNOTATION_GPU_TYPE)
-        for device in (piece.get("spec") or {}).get("devices") or []:
+        zone: str | None = bodies.slice_zone(piece)
+        model = bodies.annotation(piece, naming.ANNOTATION_GPU_TYPE)
+        for device in bodies.devices(piece):
             attributes = device.get("attributes") or {}
             zone = zone or (attributes.get(naming.ATTRIBUTE_ZONE) or {}).get("string")
             model = model or (attributes.get(naming.ATTRIBUTE_GPU_TYPE) or {}).get("string")

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from thunder_dra.kube import naming
+from thunder_dra.kube import bodies, naming
 from thunder_dra.plugin.node.hostrunner import HostCommandError, HostRunner
 
 NVIDIA_SMI_QUERY = ("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
@@ -45,7 +45,7 @@ def _valid_ip(value: str) -> bool:
 
 def node_info(node: Mapping[str, Any], advertised_ip_label: str) -> NodeInfo:
     """Read role, zone and advertised IP from a Node object (as decoded JSON)."""
-    metadata = node.get("metadata") or {}
+    metadata = bodies.metadata(node)
     name = str(metadata.get("name", ""))
     labels: Mapping[str, str] = metadata.get("labels") or {}
     serving = labels.get(naming.NODE_LABEL_SERVING) == "true"
@@ -56,7 +56,7 @@ def node_info(node: Mapping[str, Any], advertised_ip_label: str) -> NodeInfo:
             f"node {name}: label {advertised_ip_label}={advertised!r} is not an IP address"
         )
     if not advertised:
-        addresses = (node.get("status") or {}).get("addresses") or []
+        addresses = bodies.status(node).get("addresses") or []
         by_type: dict[str, str] = {}
         for entry in addresses:
             kind, address = entry.get("type"), entry.get("address", "")
