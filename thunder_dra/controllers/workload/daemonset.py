@@ -68,7 +68,12 @@ def image_reference(spec: ThunderClusterSpec) -> str:
 
 
 def daemon_command(spec: ThunderClusterSpec) -> list[str]:
-    """The agreed daemon command line."""
+    """The agreed daemon command line.
+
+    No duration flag: the daemon's defaults hold. While an upgrade rolls out, this
+    operator may run a daemon image of an earlier release, whose durations are bare
+    seconds only, while this release's daemon takes Go durations ("30s") and warns about
+    bare seconds; a command line without them reads the same in both."""
     daemon = spec.daemon
     # Pinned artifact digests, only when set (the daemon refuses anything else).
     pins = []
