@@ -10,7 +10,8 @@
 # - a module of a lower layer imports one of a higher layer. Bottom up: `fsutil`,
 #   `version`, `backoff`, `proto_gen`; `api`, `thunder`; `kube`, `process`; `controllers`,
 #   `webhooks`, `plugin`. Inside the daemon: `metrics`, `errors`; `state`; `files`;
-#   `config`; `node`; `claims`; `kubelet`; `daemon` and `__main__`;
+#   `config`; `node`; `claims`; `kubelet`; `daemon` and `__main__`. Inside the operator:
+#   `shared`; `inventory`, `workload`, `reaper`; `process` and `__main__`;
 # - a subpackage or top-level module is in no layer (a new one is placed here first).
 #
 # Every import statement counts: at module level, inside a function, under
@@ -60,6 +61,14 @@ PLUGIN_LAYERS: tuple[tuple[str, ...], ...] = (
     ("claims",),
     ("kubelet",),
     ("daemon", "__main__"),
+)
+
+# The operator's own layers, bottom up, by subpackage or module under
+# thunder_dra/controllers/.
+CONTROLLERS_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("", "shared"),
+    ("inventory", "workload", "reaper"),
+    ("process", "__main__"),
 )
 
 # Circles shown per set of modules that import each other (the shortest ones).
@@ -376,6 +385,10 @@ def check(graph: ModuleGraph) -> Report:
         report.cycles("", f"{len(units)} subpackages/modules", unit_cycles(graph, package), graph)
     report.cycles(ROOT_PACKAGE, f"{len(graph.paths)} modules", module_cycles(graph), graph)
     report.layers(ROOT_PACKAGE, PACKAGE_LAYERS, upward_imports(graph, ROOT_PACKAGE, PACKAGE_LAYERS))
+    controllers = f"{ROOT_PACKAGE}.controllers"
+    report.layers(
+        controllers, CONTROLLERS_LAYERS, upward_imports(graph, controllers, CONTROLLERS_LAYERS)
+    )
     plugin = f"{ROOT_PACKAGE}.plugin"
     report.layers(plugin, PLUGIN_LAYERS, upward_imports(graph, plugin, PLUGIN_LAYERS))
     return report
