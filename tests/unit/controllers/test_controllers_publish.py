@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+
 from tests.support.plans import plan_pass
 from tests.unit.controllers.test_controllers_diff import CONFIG, FakeApiServer, capacity, sync
 from thunder_dra.controllers.inventory.capacity import PoolCapacity
