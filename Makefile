@@ -60,15 +60,20 @@ unit: $(STAMP) tools ## Unit tests only (no cluster; chart renders use the built
 .PHONY: check
 check: lint typecheck unit helm-lint helm-schema ## Lint, type-check, unit tests and offline chart verification
 
+# A test that skips and is not listed, with its reason, in tests/expected-skips.txt fails
+# these targets (tests/support/skips.py). THUNDER_STRICT_SKIPS=0 lets a machine that lacks
+# what CI has (root, the node components) run them with skips.
+THUNDER_STRICT_SKIPS ?= 1
+
 .PHONY: test
 test: $(STAMP) tools $(NODE_PREREQS) ## Every test: unit, integration (local control plane), end-to-end, the real node (root)
 	@hack/ensure-runc.sh
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	THUNDER_STRICT_SKIPS=$(THUNDER_STRICT_SKIPS) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: test-local
-test-local: $(STAMP) tools ## Integration and end-to-end tests on the embedded local control plane
+test-local: $(STAMP) tools $(NODE_PREREQS) ## Integration and end-to-end tests on the embedded local control plane (and the real node, as root)
 	@hack/ensure-runc.sh
-	$(VENV)/bin/pytest -m "integration or e2e" $(PYTEST_ARGS)
+	THUNDER_STRICT_SKIPS=$(THUNDER_STRICT_SKIPS) $(VENV)/bin/pytest -m "integration or e2e" $(PYTEST_ARGS)
 
 .PHONY: cover
 cover: $(STAMP) tools ## Every test with a coverage report of thunder_dra

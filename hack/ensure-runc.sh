@@ -2,7 +2,9 @@
 # Installs runc and a static busybox from Debian's packages when they are missing, so
 # the end-to-end test can run a real container with the CDI edits the daemon writes.
 # Needs root (CI and the development machines run as root); elsewhere it says why and
-# exits 0, and the test that needs runc skips with that reason.
+# exits 0, and the test that needs runc skips with that reason. As root, a failed
+# install fails the script (exit 1) with apt-get's output: `make test` stops there
+# rather than running with the runc test skipped.
 #
 #   hack/ensure-runc.sh
 set -uo pipefail
@@ -13,7 +15,14 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-apt-get install -y -q runc busybox-static >/dev/null 2>&1 \
-  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q runc busybox-static >/dev/null 2>&1; } \
-  || echo "ensure-runc: could not install runc and busybox-static; the runc test will be skipped" >&2
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+install() { apt-get install -y -q runc busybox-static >>"$log" 2>&1; }
+install || { apt-get update -q >>"$log" 2>&1 && install; }
+if ! have; then
+  tail -n 30 "$log" >&2
+  echo "ensure-runc: could not install runc and busybox-static (apt-get's output above);" \
+    "the runc container test needs them" >&2
+  exit 1
+fi
 exit 0

@@ -1,7 +1,9 @@
-"""Shared pytest set-up: markers by folder, and the fixtures of the local test platform."""
+"""Shared pytest set-up: markers by folder, strict skips, and the fixtures of the local test
+platform."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,8 +11,18 @@ import pytest
 
 from hack.cluster import Cluster, ClusterConfig
 from hack.testbed.kube import Kube
+from tests.support import skips
 
 _TESTS = Path(__file__).parent
+EXPECTED_SKIPS = _TESTS / "expected-skips.txt"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With THUNDER_STRICT_SKIPS=1 (`make test`), a skip not in expected-skips.txt fails the
+    run (tests/support/skips.py). Under pytest-xdist the controller judges, not the workers."""
+    if os.environ.get(skips.ENV, "") not in ("", "0") and not hasattr(config, "workerinput"):
+        plugin = skips.StrictSkips(EXPECTED_SKIPS, skips.load(EXPECTED_SKIPS))
+        config.pluginmanager.register(plugin, "thunder-strict-skips")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

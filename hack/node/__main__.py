@@ -50,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"still present: {item}")
         return 1 if rest else 0
     if args.action == "check":
-        why = node_unavailable(node_tools())
+        try:
+            why = node_unavailable(node_tools())
+        except NodeError as err:
+            why = str(err)
         print(why or "a real node can run here")
         return 1 if why else 0
 

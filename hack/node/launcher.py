@@ -83,6 +83,7 @@ SANDBOX_HOST_BIN = "/usr/local/sbin"
 # give Services of real pods (the chart's webhook) endpoints the apiserver can call.
 CONTROLLERS = ("node-lifecycle-controller", "endpoints-controller", "endpointslice-controller")
 CNI_BIN = Path("/usr/lib/cni")
+CGROUP_FS = Path("/sys/fs/cgroup")
 # Kernel settings the kubelet sets at start (pkg/kubelet/cm setupKernelTunables).
 SYSCTLS = (
     "vm/overcommit_memory",
@@ -176,10 +177,26 @@ def node_tools(build: bool = False) -> NodeTools:
     )
 
 
+def require_cgroup_v1(root: Path | None = None) -> None:
+    """Refuse a host with only cgroup v2: the node's kubelet runs with the cgroupfs driver
+    under a cgroup root made in each v1 hierarchy (`Node._cgroups`), which such a host
+    lacks. That is the host to change, not a reason to skip quietly, so it raises."""
+    root = root or CGROUP_FS
+    if (root / "cgroup.controllers").is_file() and not (root / "memory").is_dir():
+        raise NodeError(
+            f"this host has only cgroup v2 (the unified hierarchy is mounted at {root} and "
+            f"there is no v1 memory hierarchy at {root / 'memory'}); a real node needs "
+            "cgroup v1 hierarchies: boot the host with cgroup v1 (kernel command line "
+            "systemd.unified_cgroup_hierarchy=0) or run the real-node tests on a cgroup v1 host"
+        )
+
+
 def node_unavailable(tools: NodeTools | None = None) -> str | None:
-    """Why a real node cannot run here, or None when it can."""
+    """Why a real node cannot run here, or None when it can; raises `NodeError` on a
+    host that can never run one as it is (only cgroup v2)."""
     if os.geteuid() != 0:
         return "a real node needs root (mounts, cgroups, network links)"
+    require_cgroup_v1()
     for binary, package in (
         ("runc", "runc"),
         ("socat", "socat"),
@@ -190,8 +207,8 @@ def node_unavailable(tools: NodeTools | None = None) -> str | None:
             return f"{binary} is missing (Debian package {package}; hack/build-node-tools.sh)"
     if not (CNI_BIN / "bridge").exists() or not (CNI_BIN / "host-local").exists():
         return "the CNI plugins are missing (Debian package containernetworking-plugins)"
-    if not Path("/sys/fs/cgroup/memory").is_dir():
-        return "no cgroup v1 memory hierarchy at /sys/fs/cgroup/memory"
+    if not (CGROUP_FS / "memory").is_dir():
+        return f"no cgroup v1 memory hierarchy at {CGROUP_FS / 'memory'}"
     if not Path("/sys/class/net").is_dir():
         return "no /sys/class/net"
     tools = tools or node_tools()

@@ -1,7 +1,9 @@
 """Fixtures of the real-node tests: a control plane a node can join, the node, the images.
 
 Everything here needs root and the node components (``hack/build-node-tools.sh``);
-the tests skip with the reason where they cannot run. The control plane and the node
+the tests skip with the reason where they cannot run, except on a host with only cgroup
+v2, where the launcher's `NodeError` says what the host needs and the tests error
+(`hack.node.launcher.require_cgroup_v1`). The control plane and the node
 are package-scoped (this folder is a package): they are built once for the folder's
 tests and stopped when its last test ends, not kept running, idle, through the rest of
 `make test`.
