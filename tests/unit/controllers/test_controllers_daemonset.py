@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from typing import Any
 
-from thunder_dra.api.thundercluster import ThunderClusterSpec
+from prometheus_client import CollectorRegistry
+
+from tests.support.fakekube import FakeKube
+from thunder_dra.api.thundercluster import ThunderCluster, ThunderClusterSpec
+from thunder_dra.controllers.inventory.publish import Publisher
+from thunder_dra.controllers.inventory.reconciler import InventoryReconciler
+from thunder_dra.controllers.process.loop import ClusterLoop, Services
+from thunder_dra.controllers.process.options import parse_options
+from thunder_dra.controllers.reaper import Reaper
+from thunder_dra.controllers.shared.metrics import OperatorMetrics
 from thunder_dra.controllers.shared.ownership import ThunderClusterRef, update_body
+from thunder_dra.controllers.shared.thunderapi import TOKEN_KEY, ThunderClients, read_token
 from thunder_dra.controllers.workload.daemonset import (
+    DAEMONSET_NAME,
     contains,
     readiness,
     render,
     up_to_date,
 )
+from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.events import EventRecorder
+from thunder_dra.kube.resources import DAEMON_SETS, SECRETS
 
 OWNER = ThunderClusterRef("main", "uid-1")
 
@@ -117,8 +132,69 @@ def test_readiness_follows_the_daemonset_status() -> None:
     assert state.reason == "AllPodsReady"
 
 
-def test_the_token_is_never_rendered() -> None:
-    assert "THUNDER_API_TOKEN" in json.dumps(rendered())  # as a variable name only
-    extra = rendered(daemon={"extraEnv": [{"name": "HTTPS_PROXY", "value": "http://p:1"}]})
-    names = [e["name"] for e in extra["spec"]["template"]["spec"]["containers"][0]["env"]]
-    assert names.count("THUNDER_API_TOKEN") == 1
+TOKEN = "tcat_live_operator_token_3f9c1e7a"
+
+
+async def test_the_token_is_never_rendered() -> None:
+    """The operator's process holds the token while its loop writes the DaemonSet: in the
+    Secret it reads (the API token Secret, in the fake apiserver here) and, for a local
+    run, in its own environment, where an OTLP header may carry it too. None of it may
+    reach the DaemonSet, nor any other request of that step: the pods get the token only
+    through a `secretKeyRef`."""
+    environ = {
+        "THUNDER_NAMESPACE": "thunder-system",
+        "THUNDER_API_TOKEN": TOKEN,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
+        "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer {TOKEN}",
+        "OTEL_RESOURCE_ATTRIBUTES": "k8s.cluster.name=east",
+    }
+    options = parse_options(["--otel-headers-secret", "otel-auth"], environ=environ)
+    fake = FakeKube()
+    kube = KubeClient(fake)
+    metrics = OperatorMetrics(CollectorRegistry())
+    events = EventRecorder(kube, component="thunder-operator", instance="test", scrub=str)
+    clients = ThunderClients(CollectorRegistry())
+    services = Services(
+        options=options,
+        kube=kube,
+        metrics=metrics,
+        events=events,
+        inventory=InventoryReconciler(kube, Publisher(kube, 1), events, metrics, clients),
+        reaper=Reaper(kube, events, metrics),
+        thunder_clients=clients,
+    )
+    cluster = ThunderCluster.model_validate(
+        {
+            "apiVersion": "thundercompute.com/v1alpha1",
+            "kind": "ThunderCluster",
+            "metadata": {"name": "thunder", "generation": 1, "uid": "tc-uid"},
+            "spec": {"daemon": {"extraEnv": [{"name": "HTTPS_PROXY", "value": "http://p:1"}]}},
+        }
+    )
+    fake.put(
+        SECRETS.collection(cluster.spec.thunder.secret_namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": cluster.spec.thunder.secret_name},
+            "data": {TOKEN_KEY: base64.b64encode(TOKEN.encode()).decode()},
+        },
+    )
+    assert (await read_token(kube, cluster.spec.thunder)).reveal() == TOKEN
+
+    await ClusterLoop(services, "tc-uid", "thunder")._reconcile_daemonset(cluster)
+
+    stored = fake.get(DAEMON_SETS.item(DAEMONSET_NAME, "thunder-system"))
+    assert stored is not None
+    assert TOKEN not in json.dumps(stored)
+    writes = [(r.path, r.body) for r in fake.requests if r.body]
+    assert writes, "the step wrote nothing"
+    assert not [path for path, body in writes if TOKEN.encode() in body]
+    env = stored["spec"]["template"]["spec"]["containers"][0]["env"]
+    (token,) = [e for e in env if e["name"] == "THUNDER_API_TOKEN"]
+    assert token == {
+        "name": "THUNDER_API_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "thunder-api", "key": "THUNDER_API_TOKEN"}},
+    }
+    await clients.aclose()
