@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import fcntl
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -44,24 +46,49 @@ def _holder(lock: Path, release: Path) -> subprocess.Popen[str]:
     return proc
 
 
+def _waits_for(lock: Path, pid: int) -> bool:
+    """Whether the kernel lists process `pid` as blocked on a flock of `lock` (a
+    `->` line of /proc/locks: `4: -> FLOCK ADVISORY WRITE <pid> <dev>:<inode> 0 EOF`)."""
+    inode = str(lock.stat().st_ino)
+    return any(
+        len(fields) >= 7
+        and fields[1:3] == ["->", "FLOCK"]
+        and fields[5] == str(pid)
+        and fields[6].rsplit(":", 1)[-1] == inode
+        for fields in (line.split() for line in Path("/proc/locks").read_text().splitlines())
+    )
+
+
 def test_a_second_process_waits_until_the_first_releases(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lock, release = tmp_path / "node.lock", tmp_path / "release"
     monkeypatch.setattr(launcher, "MACHINE_LOCK", lock)
     first = _holder(lock, release)
-    # Let the holder go only after this process has reported that it waits.
-    subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import time, pathlib, sys; time.sleep(0.5); pathlib.Path(sys.argv[1]).touch()",
-            str(release),
-        ]
-    )
-    with launcher.one_node_at_a_time():
-        # The first holder has finished by the time this one holds the lock.
-        assert first.wait(timeout=10) == 0
+    # The handshake: the holder is let go only once the kernel shows this process blocked
+    # on the lock. A launcher that did not wait never blocks, so the holder is never let
+    # go and `first.wait` below times out.
+    done = threading.Event()
+
+    def release_once_waiting() -> None:
+        while not done.is_set():
+            if _waits_for(lock, os.getpid()):
+                release.touch()
+                return
+            done.wait(0.01)
+
+    releaser = threading.Thread(target=release_once_waiting, daemon=True)
+    releaser.start()
+    try:
+        with launcher.one_node_at_a_time():
+            # The first holder has finished by the time this one holds the lock.
+            assert first.wait(timeout=10) == 0
+    finally:
+        done.set()
+        releaser.join()
+        first.kill()
+        first.wait()
+    assert release.exists()
     assert first.stdout is not None
     assert first.stdout.read().strip() == "released"
     assert "another real node runs on this machine" in capsys.readouterr().out
