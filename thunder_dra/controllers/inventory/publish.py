@@ -16,7 +16,7 @@ next pass, made right away, plans against fresh objects. Every DeviceClass writt
 checked for a silently dropped `extendedResourceName` (DRAExtendedResource off).
 
 What the API server stores for each slice written is kept in the publisher's
-`SliceCache` (listing), so the next pass need not list the slices whole. A pool found
+`SliceCache` (`shared.objects`), so the next pass need not list the slices whole. A pool found
 unchanged is remembered by a digest of its desired state and the resourceVersions of its
 slices; while both stay the same, later passes skip comparing its devices: the same
 objects against the same desired state give the same (empty) plan.

@@ -1,14 +1,14 @@
 """One inventory pass: Thunder inventory in, ResourceSlices and DeviceClasses out.
 
-    token (Secret) -> Thunder zones, hosts, clients, targets   (thunderread)
+    token (Secret) -> Thunder zones, hosts, clients, targets   (thunder)
                    -> compute_capacity -> build_pools (limits)  (capacity, slices)
-                   -> pools kept for allocated devices, suspect shrinks held (shrinkguard)
+                   -> pools kept for allocated devices, suspect shrinks held (guard)
                    -> build_device_classes -> plan and apply the writes (publish)
 
 The published slices, classes and the claims' allocations are listed alongside the
 Thunder read. Nothing published is removed when Thunder cannot be read: a failed zone
 list keeps everything, a failed zone keeps its pools (and their classes). A shrinking
-answer is held until it repeats (shrinkguard), and devices allocated to ResourceClaims
+answer is held until it repeats (guard), and devices allocated to ResourceClaims
 stay published whatever Thunder says, with their pool and class. A pass where
 nothing changed makes no write, also in a freshly started process: it compares with
 what it lists (the slices' metadata every pass, their specs from the publisher's cache

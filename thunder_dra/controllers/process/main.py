@@ -3,7 +3,7 @@
 kopf's part:
 
 - a daemon per ThunderCluster, which waits until this replica leads and then runs the
-  reconcile loops of `runtime`; it cancels them at once when leadership is lost, and
+  reconcile loops of `loop`; it cancels them at once when leadership is lost, and
   kopf stops it when the object is deleted or the process stops;
 - watch-event handlers on ThunderClusters (to start a pass at once on a spec change or
   a `thundercompute.com/reconcile-requested` annotation) and on Clients (to wake the

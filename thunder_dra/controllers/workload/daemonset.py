@@ -16,7 +16,7 @@ DaemonSet. A `secretKeyRef` can only name a Secret of the pod's own namespace, s
 Secret must live in the operator's namespace (the chart puts both in one).
 
 The pods get the operator's own `OTEL_*` tracing settings under the daemon's service
-name (`daemontracing`); OTLP headers, which may carry credentials, again only through a
+name (`workload.tracing`); OTLP headers, which may carry credentials, again only through a
 `secretKeyRef`.
 
 Writes happen only when the rendered object differs from the stored one in what this
@@ -145,7 +145,7 @@ def render(
     """The DaemonSet for `spec`, carrying the hash of its own rendering.
 
     `tracing` is the operator's own OpenTelemetry configuration, handed on to the pods
-    (`daemontracing`); a variable the spec's `daemon.extraEnv` sets wins over it.
+    (`workload.tracing`); a variable the spec's `daemon.extraEnv` sets wins over it.
     """
     daemon = spec.daemon
     extra_names = frozenset(var.name for var in daemon.extra_env)
