@@ -17,11 +17,9 @@ from hypothesis import strategies as st
 from thunder_dra.controllers.process.leader import (
     RELEASE_ATTEMPTS,
     LeaderElector,
-    LeaseConflict,
-    LeaseRecord,
-    LeaseUnavailable,
     candidate_identity,
 )
+from thunder_dra.controllers.process.lease import LeaseConflict, LeaseRecord, LeaseUnavailable
 from thunder_dra.controllers.process.options import ElectionTimings, parse_options
 
 pytestmark = pytest.mark.unit

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from tests.support.fakekube import FakeKube
-from thunder_dra.controllers.process.leader import (
+from thunder_dra.controllers.process.leader import LeaderElector
+from thunder_dra.controllers.process.lease import (
     KubeLeaseStore,
-    LeaderElector,
     LeaseConflict,
     LeaseRecord,
     LeaseUnavailable,

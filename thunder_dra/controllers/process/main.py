@@ -36,12 +36,8 @@ import kopf
 from thunder_dra.api.constants import CLIENT_PLURAL, GROUP, THUNDER_CLUSTER_PLURAL, VERSION
 from thunder_dra.controllers.inventory.publish import Publisher
 from thunder_dra.controllers.inventory.reconciler import InventoryReconciler
-from thunder_dra.controllers.process.leader import (
-    KubeLeaseStore,
-    LeaderElector,
-    Term,
-    candidate_identity,
-)
+from thunder_dra.controllers.process.leader import LeaderElector, Term, candidate_identity
+from thunder_dra.controllers.process.lease import KubeLeaseStore
 from thunder_dra.controllers.process.loop import ClusterLoop, Services
 from thunder_dra.controllers.process.options import OperatorOptions
 from thunder_dra.controllers.process.policies import apply_policies, operator_identity
