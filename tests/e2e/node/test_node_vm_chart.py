@@ -10,16 +10,18 @@ virt-launcher pod (owned by the VMI, labelled `kubevirt.io=virt-launcher` and
 pod runs on the real kubelet with the stock Debian image; its `compute` container waits
 for the setup files as the chart's cloud-init does.
 
-Then, in order (one install of the driver for the module): the chart installs with the
-values a user gives (`--set gpu.type=A6000 --set gpu.count=1`) and its VirtualMachine is
-stored as rendered; the virt-launcher pod's claim is prepared as a VM's: a
-`<claim>-thunder-setup` Secret with the minted enrollment token and the guest install
-script, owned by the claim; the kubelet fills the pod's optional Secret volume with it
-(the deadlock the chart's comment avoids); no CDI device, no Thunder client exchanged,
-the `Client` says VirtualMachine; the daemon's own credentials may write that Secret but
-no other and read none; stopping the VM (its VMI deleted, the garbage collector removing
-the pod) unprepares the claim: the daemon deletes the Secret while the claim still
-exists and the fake's audit shows no leaked enrollment; `helm uninstall` leaves nothing.
+The driver is installed once for the module; each test installs the chart afresh in its
+own namespace (and, where it needs one, starts the VM) and removes it all after, so the
+tests run alone or in any order. The chart installs with the values a user gives
+(`--set gpu.type=A6000 --set gpu.count=1`) and its VirtualMachine is stored as rendered;
+the virt-launcher pod's claim is prepared as a VM's: a `<claim>-thunder-setup` Secret
+with the minted enrollment token and the guest install script, owned by the claim; the
+kubelet fills the pod's optional Secret volume with it (the deadlock the chart's comment
+avoids); no CDI device, no Thunder client exchanged, the `Client` says VirtualMachine;
+the daemon's own credentials may write that Secret but no other and read none; stopping
+the VM (its VMI deleted, the garbage collector removing the pod) unprepares the claim:
+the daemon deletes the Secret while the claim still exists and the fake's audit shows
+no leaked enrollment; `helm uninstall` leaves nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import base64
 import hashlib
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -114,6 +117,64 @@ def install(
                 check=False, timeout=150,
             )  # fmt: skip
             real_node.kubectl("delete", "-f", str(KUBEVIRT_CRDS), "--ignore-not-found", check=False)
+
+
+@dataclass(frozen=True)
+class VmRelease:
+    install: Install
+    output: str
+    """What `helm install` of the vm chart printed."""
+
+
+@pytest.fixture
+def vm_release(install: Install) -> Iterator[VmRelease]:
+    """The vm chart installed afresh, as the README says, in its own namespace; removed
+    after the test with whatever the test made there."""
+    wait(lambda: install.get("deviceclass", "thunder-gpu-a6000"), "DeviceClass thunder-gpu-a6000")
+    install.node.kubectl("create", "namespace", VM_NS)
+    try:
+        out = install.helm(
+            "install", VM, str(VM_CHART), "-n", VM_NS, "--set", "gpu.type=A6000",
+            "--set", "gpu.count=1",
+        )  # fmt: skip
+        yield VmRelease(install, out)
+    finally:
+        _remove_vm(install)
+
+
+@pytest.fixture
+def launched(vm_release: VmRelease) -> str:
+    """The VM started: its instance and virt-launcher pod made as virt-controller would;
+    the guest stand-in's output once it has read the setup files."""
+    install = vm_release.install
+    install.apply("vmi", _vmi(_vm(install)))
+    vmi = install.get("virtualmachineinstances.kubevirt.io", "-n", VM_NS, VM)
+    install.apply("virt-launcher", _launcher(vmi, install.images["stock"].ref))
+    logs: str = wait(lambda: _guest_output(install), "the launcher pod's guest stand-in", 300)
+    return logs
+
+
+def _remove_vm(install: Install) -> None:
+    """Take away everything of the VM a test left, in the order a user's cluster would: the
+    instance and its launcher pod (the kubelet unprepares the claim while the driver
+    runs), the release, the namespace. Then Thunder holds no enrollment of it."""
+    kubectl = install.node.kubectl
+    kubectl(
+        "delete", "virtualmachineinstances.kubevirt.io", "-n", VM_NS, VM, "--ignore-not-found",
+        check=False,
+    )  # fmt: skip
+    kubectl(
+        "delete", "pod", "-n", VM_NS, LAUNCHER, "--ignore-not-found", "--timeout=120s",
+        check=False, timeout=150,
+    )  # fmt: skip
+    wait(lambda: _client(install) is None, "the VM claim unprepared (its Client removed)")
+    install.helm("uninstall", VM, "-n", VM_NS, "--wait", "--ignore-not-found")
+    install.wait_claims_gone(VM_NS)
+    kubectl(
+        "delete", "namespace", VM_NS, "--ignore-not-found", "--timeout=120s",
+        check=False, timeout=150,
+    )  # fmt: skip
+    wait(lambda: not install.fake.admin.leaks(), "no enrollment of the VM left at Thunder")
 
 
 def _vm(install: Install) -> dict[str, Any]:
@@ -236,14 +297,9 @@ def _guest_output(install: Install) -> str | None:
 
 
 def test_the_vm_chart_installs_and_its_virtualmachine_is_stored_as_rendered(
-    install: Install,
+    vm_release: VmRelease,
 ) -> None:
-    wait(lambda: install.get("deviceclass", "thunder-gpu-a6000"), "DeviceClass thunder-gpu-a6000")
-    install.node.kubectl("create", "namespace", VM_NS)
-    out = install.helm(
-        "install", VM, str(VM_CHART), "-n", VM_NS, "--set", "gpu.type=A6000",
-        "--set", "gpu.count=1",
-    )  # fmt: skip
+    install, out = vm_release.install, vm_release.output
     assert "STATUS: deployed" in out, out
     assert f"ResourceClaim {CLAIM}" in out, out
     assert f"Secret {SETUP_SECRET}" in out, out
@@ -274,11 +330,8 @@ def test_the_vm_chart_installs_and_its_virtualmachine_is_stored_as_rendered(
     assert _client(install) is None
 
 
-def test_the_virt_launcher_pods_claim_is_prepared_as_a_vms(install: Install) -> None:
-    install.apply("vmi", _vmi(_vm(install)))
-    vmi = install.get("virtualmachineinstances.kubevirt.io", "-n", VM_NS, VM)
-    install.apply("virt-launcher", _launcher(vmi, install.images["stock"].ref))
-    logs = wait(lambda: _guest_output(install), "the launcher pod's guest stand-in", 300)
+def test_the_virt_launcher_pods_claim_is_prepared_as_a_vms(install: Install, launched: str) -> None:
+    logs = launched
 
     # The daemon's setup Secret: the minted token and the guest script, owned by the claim.
     secret = _setup_secret(install)
@@ -332,8 +385,9 @@ def test_the_virt_launcher_pods_claim_is_prepared_as_a_vms(install: Install) -> 
 
 
 def test_the_daemons_credentials_write_only_setup_secrets_and_read_none(
-    install: Install,
+    install: Install, launched: str
 ) -> None:
+    assert _setup_secret(install) is not None, "the VM's setup Secret, which the probe asks for"
     daemon = wait(install.ready_daemon_pod, "a Ready daemon pod")
     probe = {
         "apiVersion": "v1",
@@ -368,7 +422,7 @@ def test_the_daemons_credentials_write_only_setup_secrets_and_read_none(
 
 
 def test_stopping_the_vm_unprepares_its_claim_and_revokes_the_enrollment(
-    install: Install,
+    install: Install, launched: str
 ) -> None:
     """virt-controller deletes a stopped VM's instance; the garbage collector removes the
     virt-launcher pod it owns, and the kubelet unprepares the claim."""
@@ -390,7 +444,9 @@ def test_stopping_the_vm_unprepares_its_claim_and_revokes_the_enrollment(
     assert install.fake.admin.leaks() == []
 
 
-def test_helm_uninstall_leaves_no_vm_object_claim_or_enrollment(install: Install) -> None:
+def test_helm_uninstall_leaves_no_vm_object_claim_or_enrollment(
+    install: Install, vm_release: VmRelease
+) -> None:
     install.helm("uninstall", VM, "-n", VM_NS, "--wait")
     wait(lambda: _claim(install) is None, f"ResourceClaim {CLAIM} removed")
     assert install.get("virtualmachines.kubevirt.io", "-n", VM_NS)["items"] == []
