@@ -166,8 +166,9 @@ helm-schema: $(STAMP) tools ## Check values.schema.json rejects a misspelled key
 	$(PY) -m release.helm_schema
 
 .PHONY: helm-docs
-helm-docs: $(STAMP) ## Regenerate the chart README (values reference) from values + schema
+helm-docs: $(STAMP) tools ## Regenerate the chart README (values, permissions) and README.md's settings table
 	$(PY) -m release.helm_docs
+	$(PY) -m release.settings_table
 
 .PHONY: helm-package
 helm-package: tools helm-lint ## Package the chart into dist/

@@ -1,5 +1,6 @@
 # Generates the chart README (the full values reference) from README.tmpl.md,
-# values.yaml, values.schema.json and the values files in examples/.
+# values.yaml, values.schema.json and the values files in examples/, and its permissions
+# table from the chart's rendered RBAC and admission policies (release/permissions_table.py).
 #
 #   .venv/bin/python -m release.helm_docs            # write charts/<chart>/README.md
 #   .venv/bin/python -m release.helm_docs --check    # exit 1 if README.md is out of date
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from release import permissions_table
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CHART = REPO / "charts" / "thunder-device-plugin"
@@ -129,6 +132,8 @@ def render(chart: Path) -> str:
     values = yaml.safe_load((chart / "values.yaml").read_text()) or {}
     text = template.replace("{{ values }}", values_section(schema, values).rstrip())
     text = text.replace("{{ examples }}", examples_section(chart).rstrip())
+    if "{{ permissions }}" in text:
+        text = text.replace("{{ permissions }}", permissions_table.section(chart).rstrip())
     return text.rstrip() + "\n"
 
 
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         if not readme.exists() or readme.read_text() != wanted:
             print(
                 f"{readme} is out of date with values.yaml / values.schema.json / "
-                f"{TEMPLATE}: run `make helm-docs`",
+                f"{TEMPLATE} / the chart's RBAC and admission policies: run `make helm-docs`",
                 file=sys.stderr,
             )
             return 1
