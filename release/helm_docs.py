@@ -143,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if README.md is stale")
     args = parser.parse_args(argv)
     chart: Path = args.chart
-    wanted = render(chart)
+    try:
+        wanted = render(chart)
+    except permissions_table.PermissionsError as err:
+        print(err, file=sys.stderr)
+        return 1
     readme = chart / "README.md"
     if args.check:
         if not readme.exists() or readme.read_text() != wanted:

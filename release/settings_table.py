@@ -215,7 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     readme: Path = args.readme
     current = readme.read_text()
-    wanted = replace(current, table(settings(args.chart, args.crd)))
+    try:
+        wanted = replace(current, table(settings(args.chart, args.crd)))
+    except SettingsError as err:
+        print(err, file=sys.stderr)
+        return 1
     if args.check:
         if current != wanted:
             print(
