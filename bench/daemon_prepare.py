@@ -413,9 +413,9 @@ def render(report: dict[str, Any], claims: int) -> str:
             "measured); the daemon runs as a process on a simulated client-only node and is "
             "called directly on its DRA unix socket. Every prepare is a fresh enrollment "
             "(claim and pod read, mint, exchange, journal, `config.json`, `Client` record "
-            "and status, CDI spec, checkpoint); every unprepare revokes it (2.7, 2.8) and "
-            f'removes it all. "{n} in flight": {n} concurrent workers, each preparing a '
-            "claim and then unpreparing it, so at most "
+            "and status, CDI spec, checkpoint); every unprepare revokes it "
+            f'(thunder-api.md 2.7, 2.8) and removes it all. "{n} in flight": {n} '
+            "concurrent workers, each preparing a claim and then unpreparing it, so at most "
             f"{n} claims are prepared at a time. Latency is per claim, measured by the "
             'caller around each gRPC call; in "one call of N claims" each claim counts '
             "the whole call.",
@@ -436,7 +436,7 @@ def render(report: dict[str, Any], claims: int) -> str:
             f"| RSS peak under load (sampled every 50 ms) | {report['load_rss']:.1f} |",
             f"| VmHWM at the end | {report['hwm']:.1f} |",
             "",
-            "Against the targets of architecture.md:",
+            "Against the targets:",
             "",
             f"- NodePrepareResources with {n} claims in flight ({n} concurrent single-claim "
             f"calls), latency per claim: p50 {p50:.1f} ms (target "

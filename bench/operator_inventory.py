@@ -1,4 +1,4 @@
-"""Benchmark of the operator's inventory pass at the architecture's target scale.
+"""Benchmark of the operator's inventory pass at the target scale.
 
     python -m bench.operator_inventory [--zones 500 --models 4 --gpus 64 --latency-ms 0]
                                        [--passes 3] [--no-write]
@@ -285,7 +285,7 @@ def render(args: argparse.Namespace, results: dict[str, Any], command: str) -> s
         f"the first publish and {len(no_change)} no-change passes; "
         f"{results['rss_restart']:.0f} MiB for a restarted process.",
         "",
-        "Against the targets (architecture.md):",
+        "Against the targets:",
         "",
         f"- RSS <= 200 MiB: {rss_ok} it (peak {peak:.0f} MiB).",
         f"- 0 Kubernetes writes on a no-change pass: {writes_ok} it: {inventory_writes} writes "

@@ -1,14 +1,14 @@
 """Fake ``thunder-fake-installer``: what the real installer would do, against the fakes.
 
 The fake artifact host's ``install.sh`` execs this when it is on PATH, with the variables of
-contract 3.2 (or 3.4) in its environment (from the daemon, or through a ``sudo VAR=value``):
+thunder-api.md 3.2 (or 3.4) in its environment (from the daemon, or through a ``sudo VAR=value``):
 
 - ``THUNDER_INSTALL_MODE=thunderd``: consume the server enrollment token by registering a
   host with the fake service (``POST <THUNDER_CENTRAL_URL>/_admin/hosts``) in the zone named
   ``THUNDER_ZONE``, with the GPU model and count of the fake ``nvidia-smi`` state, then
   record thunderd as installed, enrolled and healthy in the state directory.
-- ``THUNDER_INSTALL_MODE=client``: exchange the client token (2.9) and write
-  ``client-config.json`` with the keys of contract section 4.
+- ``THUNDER_INSTALL_MODE=client``: exchange the client token (thunder-api.md 2.9) and write
+  ``client-config.json`` with the keys of thunder-api.md section 4.
 
 Every run is recorded in ``installs.log``: a ``start`` line (``concurrent``: another
 install was running on this host at the time; ``tokenInArgv``: the enrollment token

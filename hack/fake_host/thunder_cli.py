@@ -1,4 +1,4 @@
-"""Fake host ``thunder`` CLI driven by ``$THUNDER_FAKE_HOST/thunder.json`` (contract 3.3).
+"""Fake host ``thunder`` CLI driven by ``$THUNDER_FAKE_HOST/thunder.json`` (thunder-api.md 3.3).
 
 ``thunder status --json`` prints the healthy, unhealthy, activating or unenrolled shape
 (non-zero exit with valid JSON for all but healthy) or exits 127 when not installed.

@@ -1,4 +1,4 @@
-"""The fake service's ``/_admin/`` endpoints (contract 6.2): unauthenticated, never logged,
+"""The fake service's ``/_admin/`` endpoints (thunder-api.md 6.2): unauthenticated, never logged,
 never faulted. ``README.md`` lists them with their bodies."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from hack.fake_thunder.artifact_host import ARTIFACT_PREFIX, LIBRARY, LIBRARY_SHA256
+from hack.fake_thunder.artifact_host import ARTIFACT_PREFIX
 from hack.fake_thunder.audit import audit
+from hack.fake_thunder.library import library, library_sha256
 from hack.fake_thunder.messages import (
     FakeRequest,
     FakeResponse,
@@ -270,8 +271,8 @@ class AdminApi:
             "artifactBaseUrl": base,
             "installerUrl": f"{base}/install.sh",
             "libraryUrl": f"{base}/libthunder.so",
-            "librarySha256": LIBRARY_SHA256,
-            "librarySize": len(LIBRARY),
+            "librarySha256": library_sha256(),
+            "librarySize": len(library()),
         }
         return json_response(200, answer)
 

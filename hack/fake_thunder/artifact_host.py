@@ -1,16 +1,19 @@
-"""The fake artifact host (contract 6.4), served by the fake service under ``/artifacts/``.
+"""The fake artifact host (thunder-api.md 6.4), served by the fake service under ``/artifacts/``.
 
 ``/artifacts/install.sh`` is a short, inert POSIX sh script with the two pinned lines of
-contract 3.1 (base = this service's ``/artifacts``, digest = the payload's). It hands over to
+thunder-api.md 3.1 (base = this service's ``/artifacts``, digest = the payload's). It hands over to
 ``thunder-fake-installer`` when that command is on PATH (``hack/fake_host/bin``) and does
-nothing otherwise. ``/artifacts/libthunder.so`` is a small deterministic payload.
+nothing otherwise. ``/artifacts/libthunder.so`` is the fake library ``library.py`` builds
+from ``libthunder.c`` for this machine, a real shared object whose constructor reports on
+the workload's stderr that it was preloaded and read ``config.json``; the host builds it
+(or finds it in the cache) when it starts.
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import TYPE_CHECKING, Any
 
+from hack.fake_thunder.library import library, library_sha256
 from hack.fake_thunder.messages import FakeRequest, FakeResponse, HttpError
 from hack.fake_thunder.routing import Route, route
 
@@ -18,21 +21,18 @@ if TYPE_CHECKING:
     from hack.fake_thunder.service import FakeThunder
 
 ARTIFACT_PREFIX = "/artifacts"
-PAYLOAD_SIZE = 16 * 1024
+if TYPE_CHECKING:
+    # The served library and its digest, as module attributes built on first use.
+    LIBRARY: bytes
+    LIBRARY_SHA256: str
 
 
-def library_payload() -> bytes:
-    """16 KiB of deterministic bytes standing in for the ~32 MB library."""
-    chunks = [b"\x7fELF fake libthunder.so for tests\n"]
-    seed = b"fake-libthunder"
-    while sum(map(len, chunks)) < PAYLOAD_SIZE:
-        seed = hashlib.sha256(seed).digest()
-        chunks.append(seed)
-    return b"".join(chunks)[:PAYLOAD_SIZE]
-
-
-LIBRARY = library_payload()
-LIBRARY_SHA256 = hashlib.sha256(LIBRARY).hexdigest()
+def __getattr__(name: str) -> object:
+    if name == "LIBRARY":
+        return library()
+    if name == "LIBRARY_SHA256":
+        return library_sha256()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def corrupted(payload: bytes) -> bytes:
@@ -42,7 +42,7 @@ def corrupted(payload: bytes) -> bytes:
 
 
 def installer_script(artifact_base_url: str, *, with_digest: bool) -> str:
-    digest_line = f'libthunder_sha256="{LIBRARY_SHA256}"\n' if with_digest else ""
+    digest_line = f'libthunder_sha256="{library_sha256()}"\n' if with_digest else ""
     return (
         "#!/bin/sh\n"
         "# Fake Thunder installer served by hack/fake_thunder for tests. Inert unless\n"
@@ -62,6 +62,7 @@ def installer_script(artifact_base_url: str, *, with_digest: bool) -> str:
 class ArtifactHost:
     def __init__(self, service: FakeThunder) -> None:
         self._service = service
+        self._library = library()
 
     def routes(self) -> list[Route]:
         return [
@@ -82,5 +83,5 @@ class ArtifactHost:
         switches = self._service.switches
         if switches.library_status != 200:
             raise HttpError(switches.library_status, "artifact unavailable")
-        payload = corrupted(LIBRARY) if switches.corrupt_library else LIBRARY
+        payload = corrupted(self._library) if switches.corrupt_library else self._library
         return FakeResponse(200, payload, {"Content-Type": "application/octet-stream"})

@@ -6,11 +6,12 @@ whose host is still listed. Every other token is a leak:
 
 - ``unspent``: minted and never exchanged nor revoked (expired ones included: this project
   never asks for expiry, so a token it forgot stays its fault);
-- ``client-decommissioned``: exchanged, its client revoked (2.8), the token never revoked (2.7);
+- ``client-decommissioned``: exchanged, its client revoked (thunder-api.md 2.8), the token
+  never revoked (2.7);
 - ``host-removed``: a server token whose host is gone, the token never revoked.
 
 Separately, ``orphanClients`` lists live clients whose token was revoked (a live client
-nobody can unenroll any more: what a 2.7 that keeps the client alive leaves behind).
+nobody can unenroll any more: what a thunder-api.md 2.7 that keeps the client alive leaves behind).
 """
 
 from __future__ import annotations

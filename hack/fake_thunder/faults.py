@@ -1,4 +1,4 @@
-"""Fault injection rules of the fake service (contract 6.3).
+"""Fault injection rules of the fake service (thunder-api.md 6.3).
 
 A rule matches a method (``*`` = any) and a path glob (``fnmatch``; ``*`` also spans ``/``)
 and may set ``status`` (with an optional ``body`` and ``headers``), ``latencyMs``, ``times``

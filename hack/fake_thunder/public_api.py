@@ -1,14 +1,15 @@
-"""The public Thunder API of the fake service (contract 2 and 6.1), stateful and in memory.
+"""The public Thunder API of the fake service (thunder-api.md 2 and 6.1), stateful and in memory.
 
-Capabilities guarding each endpoint (the real mapping is unknown, contract 2.10; a token
+Capabilities guarding each endpoint (the real mapping is unknown, thunder-api.md 2.10; a token
 without a capability list has them all):
 
 - GET zones, GET oversubscription-targets: ``zones:read``; ensure: ``zones:create``
 - GET hosts: ``hosts:read``; GET clients: ``clients:read``
 - mint: ``client_enrollment_tokens:create`` or ``server_enrollment_tokens:create`` by role
-- unenroll (2.7): ``clients:revoke`` for client tokens, ``hosts:revoke`` for server tokens
-- revoke client (2.8): ``clients:revoke``
-- exchange (2.9) takes a client enrollment token, never an API token.
+- unenroll (thunder-api.md 2.7): ``clients:revoke`` for client tokens, ``hosts:revoke``
+  for server tokens
+- revoke client (thunder-api.md 2.8): ``clients:revoke``
+- exchange (thunder-api.md 2.9) takes a client enrollment token, never an API token.
 """
 
 from __future__ import annotations

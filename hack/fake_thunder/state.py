@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 FAKE_ORG_ID = "org-fake-0001"
-# The fake signs its JWTs with a fixed key; clients never verify the signature (contract 2.9).
+# The fake signs its JWTs with a fixed key; clients never verify the signature (thunder-api.md 2.9).
 _JWT_KEY = b"fake-thunder-signing-key"
 
 
@@ -54,7 +54,7 @@ def sign_jwt(payload: dict[str, Any]) -> str:
 @dataclass
 class ApiToken:
     token: str
-    # None grants every capability; a list grants exactly those (contract 2.10).
+    # None grants every capability; a list grants exactly those (thunder-api.md 2.10).
     capabilities: list[str] | None = None
 
 

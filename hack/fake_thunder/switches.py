@@ -1,4 +1,5 @@
-"""Behaviour switches of the fake service (contract 6.1 and 6.4), set by ``PUT /_admin/switches``.
+"""Behaviour switches of the fake service (thunder-api.md 6.1, 6.4), set by
+``PUT /_admin/switches``.
 
 On the wire each switch is the camelCase form of its field name (``conflictOnEnsure``).
 """
@@ -18,23 +19,25 @@ def _camel(name: str) -> str:
 
 @dataclass
 class Switches:
-    # 6.1: zone ensure answers 409 for an existing zone instead of 200.
+    # thunder-api.md 6.1: zone ensure answers 409 for an existing zone instead of 200.
     conflict_on_ensure: bool = False
-    # 6.1: GET /hosts and GET /clients ignore ?zoneId= and list everything.
+    # thunder-api.md 6.1: GET /hosts and GET /clients ignore ?zoneId= and list everything.
     ignore_zone_query: bool = False
-    # 6.1: hosts (and unenroll answers) carry serverId instead of hostId.
+    # thunder-api.md 6.1: hosts (and unenroll answers) carry serverId instead of hostId.
     server_id_spelling: bool = False
-    # 6.1: creates (ensure of a new zone, mint, exchange) answer 201 instead of 200.
+    # thunder-api.md 6.1: creates (ensure of a new zone, mint, exchange) answer 201 instead of 200.
     created201: bool = False
-    # 6.1: revoking an unknown or revoked token, or an unknown client, answers 410, not 404.
+    # thunder-api.md 6.1: revoking an unknown or revoked token, or an unknown client,
+    # answers 410, not 404.
     gone_on_revoke_unknown: bool = False
-    # 6.1 / question 4: unenroll (2.7) revokes the token but leaves its client live.
+    # thunder-api.md 6.1 and 5, item 4: unenroll (2.7) revokes the token but leaves its
+    # client live.
     keep_client_on_unenroll: bool = False
-    # 6.4: the served library differs from the digest the installer pins.
+    # thunder-api.md 6.4: the served library differs from the digest the installer pins.
     corrupt_library: bool = False
-    # 6.4: the installer lacks its libthunder_sha256 line.
+    # thunder-api.md 6.4: the installer lacks its libthunder_sha256 line.
     omit_digest: bool = False
-    # 6.4: status codes for the two artifact files.
+    # thunder-api.md 6.4: status codes for the two artifact files.
     installer_status: int = 200
     library_status: int = 200
 

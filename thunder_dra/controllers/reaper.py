@@ -1,4 +1,6 @@
-"""The Client reaper: revoke enrollments whose ResourceClaim is gone (architecture: reaper).
+"""The Client reaper: revoke enrollments whose ResourceClaim is gone.
+
+Described in docs/operator.md#client-cleanup.
 
 The daemon records a `Client` (finalizer `thundercompute.com/client-cleanup`) for every
 enrollment it makes and removes it at unprepare. When that never happens (the node
@@ -9,9 +11,9 @@ missing, or exists with another UID (a new claim reusing the name).
 - First seen orphaned: `status.orphanedSince` is set to now. It is stored on the object,
   so an operator restart does not restart the grace period.
 - The claim is back (same UID): `orphanedSince` is cleared.
-- Orphaned for `orphanGracePeriod`: the enrollment is revoked in Thunder (2.7 with the
-  token ID, and 2.8 with the client ID; 404/410 count as done), the Client is marked
-  Revoked, deleted, and the finalizer removed.
+- Orphaned for `orphanGracePeriod`: the enrollment is revoked in Thunder
+  (thunder-api.md 2.7 with the token ID, and 2.8 with the client ID; 404/410 count as
+  done), the Client is marked Revoked, deleted, and the finalizer removed.
 - A Client being deleted by a user while its claim still exists keeps its finalizer:
   the enrollment is still in use, and removing the record would leave it with nothing
   to revoke it later. It stays Terminating until the claim goes (then the daemon, or

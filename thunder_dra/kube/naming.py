@@ -13,7 +13,7 @@ Kubernetes names are DNS labels. The rules (thunder-api.md 7.5), decided here on
 - two spellings that normalise to the same label (e.g. "US-East" and "us east"):
   `assign_labels` keeps the plain label for the spelling already in normal form,
   else for the lexicographically smallest one, and suffixes the others with their
-  hash. GPU models are compared ignoring case (7.5), so "A6000" and "a6000" are
+  hash. GPU models are compared ignoring case (thunder-api.md 7.5), so "A6000" and "a6000" are
   one model and never collide.
 
 The original spelling is always kept beside the label (annotations, attributes,

@@ -48,7 +48,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ThunderTuning:
-    """Per-request timeout and retry policy of Thunder calls (contract 1)."""
+    """Per-request timeout and retry policy of Thunder calls (thunder-api.md 1.1, 1.3)."""
 
     timeout: float = 30.0
     max_attempts: int = 5

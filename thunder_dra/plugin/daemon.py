@@ -198,7 +198,7 @@ class Daemon:
             base_url=cfg.api_url,
             timeout=tuning.timeout,
             retry=policy,
-            # The contract gives the exchange 90 s where other calls get 60 s (2.9).
+            # The contract gives the exchange 90 s where other calls get 60 s (thunder-api.md 2.9).
             exchange_retry=RetryPolicy(
                 max_attempts=tuning.max_attempts,
                 initial_backoff=tuning.initial_backoff,

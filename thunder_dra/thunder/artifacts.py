@@ -1,4 +1,4 @@
-"""Fetch the Thunder installer and its pins, and download ``libthunder.so`` (contract 3.1).
+"""Fetch the Thunder installer and its pins, and download ``libthunder.so`` (thunder-api.md 3.1).
 
 The installer's text is kept (the node install runs exactly the text fetched here) and
 parsed for two lines: the artifact base URL and the library's SHA-256. A deployment may

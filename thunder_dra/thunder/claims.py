@@ -1,4 +1,4 @@
-"""The JWT an exchange returns (contract 2.9): decode and check its payload.
+"""The JWT an exchange returns (thunder-api.md 2.9): decode and check its payload.
 
 The signature is not verified (the client cannot: Thunder holds the key). A payload that
 lacks a field, or has one of the wrong type, means the exchange failed.
@@ -37,7 +37,7 @@ def _b64url_decode(part: str) -> bytes:
 
 
 def decode_jwt_claims(jwt: Secret | str) -> JwtClaims:
-    """Decode the payload of ``jwt`` and check the fields of contract 2.9.
+    """Decode the payload of ``jwt`` and check the fields of thunder-api.md 2.9.
 
     Raises :class:`JwtClaimsError` naming the problem (never the token's content).
     """

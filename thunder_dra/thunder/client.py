@@ -1,4 +1,4 @@
-"""The async Thunder API client (contract section 2)."""
+"""The async Thunder API client (thunder-api.md section 2)."""
 
 from __future__ import annotations
 
@@ -85,9 +85,9 @@ class ThunderClient:
     ``registry`` keeps metrics of separate clients apart; ``tracer_provider`` defaults to
     the global one.
 
-    The 2.2 path has an older spelling (``POST /api/v1/zones``) that is deliberately not
-    used as a fallback: 2.2 is confirmed, and a 404 there more likely means a wrong base URL,
-    which a fallback would hide behind a second, unconfirmed write.
+    The thunder-api.md 2.2 path has an older spelling (``POST /api/v1/zones``) that is
+    deliberately not used as a fallback: 2.2 is confirmed, and a 404 there more likely
+    means a wrong base URL, which a fallback would hide behind a second, unconfirmed write.
     """
 
     def __init__(
@@ -199,7 +199,7 @@ class ThunderClient:
             on_retry=on_retry,
         )
 
-    # Zones (2.1, 2.2)
+    # Zones (thunder-api.md 2.1, 2.2)
 
     async def list_zones(self) -> list[Zone]:
         return (await self._call(ZONES)).parse(ZoneList).zones
@@ -229,7 +229,7 @@ class ThunderClient:
             )
         return zone_id
 
-    # Inventory (2.3, 2.4, 2.5)
+    # Inventory (thunder-api.md 2.3, 2.4, 2.5)
 
     async def list_hosts(self, zone_id: str | None = None) -> list[Host]:
         """Hosts, of one zone if given (filtered here too: the query may be ignored)."""
@@ -249,7 +249,7 @@ class ThunderClient:
         )
 
     async def oversubscription_target(self, zone_id: str, gpu_type: str) -> float:
-        """The target for one model; any failure to read the targets means 1x (2.5)."""
+        """The target for one model; a failure to read the targets means 1x (thunder-api.md 2.5)."""
         try:
             targets = await self.get_oversubscription_targets(zone_id)
         except ThunderError as exc:
@@ -260,7 +260,7 @@ class ThunderClient:
             return NEUTRAL_TARGET
         return targets.target_for(gpu_type)
 
-    # Enrollment (2.6 - 2.9)
+    # Enrollment (thunder-api.md 2.6 - 2.9)
 
     async def mint_client_token(
         self,
@@ -330,7 +330,7 @@ class ThunderClient:
     async def exchange(
         self, enrollment_token: Secret | str, hostname: str | None = None
     ) -> EnrollmentExchange:
-        """Spend a client enrollment token for the client's credential (2.9).
+        """Spend a client enrollment token for the client's credential (thunder-api.md 2.9).
 
         Authenticates with the enrollment token, not the API token. A payload without
         ``orgId``, ``clientId``, ``gpuType`` or a positive ``gpuCount`` is a failure.

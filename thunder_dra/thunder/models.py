@@ -1,4 +1,4 @@
-"""Pydantic models of Thunder API responses (contract section 2).
+"""Pydantic models of Thunder API responses (thunder-api.md section 2).
 
 Attributes are snake_case; the wire spelling is camelCase. Unknown fields are ignored.
 Fields the contract confirms are validated strictly enough to fail loudly; fields it marks
@@ -27,7 +27,8 @@ from pydantic.alias_generators import to_camel
 from thunder_dra.thunder.claims import JwtClaims
 from thunder_dra.thunder.redact import Secret
 
-# Host statuses that count as healthy (contract 2.3); an empty or absent status is healthy too.
+# Host statuses that count as healthy (thunder-api.md 2.3); an empty or absent status is
+# healthy too.
 HEALTHY_HOST_STATUSES = frozenset({"active", "online", "ready", "healthy", ""})
 
 
@@ -81,7 +82,7 @@ class Host(ThunderModel):
     zone_id: NonEmptyStr
     display_name: str = ""
     hostname: str = ""
-    # Kept exactly as Thunder spells it: minting sends it back verbatim (contract 7.5).
+    # Kept exactly as Thunder spells it: minting sends it back verbatim (thunder-api.md 7.5).
     gpu_type: NonEmptyStr
     gpu_count: Annotated[int, Field(ge=0)]
     status: str = ""
@@ -104,7 +105,7 @@ class Host(ThunderModel):
 
     @property
     def adds_capacity(self) -> bool:
-        """Only healthy, uncordoned hosts add GPUs to a pool (contract 2.3)."""
+        """Only healthy, uncordoned hosts add GPUs to a pool (thunder-api.md 2.3)."""
         return self.healthy and not self.cordoned
 
 
@@ -155,7 +156,7 @@ class ClientList(ThunderModel):
 
 
 class MintedToken(ThunderModel):
-    """The answer of a mint (2.6). ``enrollment_token`` is the single-use secret."""
+    """The answer of a mint (thunder-api.md 2.6). ``enrollment_token`` is the single-use secret."""
 
     enrollment_token_id: NonEmptyStr
     enrollment_token: Secret
@@ -175,7 +176,7 @@ class MintedToken(ThunderModel):
 
 
 class UnenrollResult(ThunderModel):
-    """The answer of ``DELETE /enrollment-tokens/{id}/node`` (2.7).
+    """The answer of ``DELETE /enrollment-tokens/{id}/node`` (thunder-api.md 2.7).
 
     ``already_gone`` is set by the client when Thunder answered 404 or 410.
     """
@@ -192,7 +193,10 @@ class UnenrollResult(ThunderModel):
 
 
 class ClientRevocation(ThunderModel):
-    """The answer of ``POST /clients/{id}/revoke`` (2.8); ``already_gone`` on 404/410."""
+    """The answer of ``POST /clients/{id}/revoke`` (thunder-api.md 2.8).
+
+    ``already_gone`` on 404/410.
+    """
 
     client_id: NonEmptyStr
     decommissioned_at: LenientTime = None
@@ -200,7 +204,7 @@ class ClientRevocation(ThunderModel):
 
 
 class ExchangeResponse(ThunderModel):
-    """The wire body of the exchange (2.9), before the JWT payload is checked."""
+    """The wire body of the exchange (thunder-api.md 2.9), before the JWT payload is checked."""
 
     auth_token: Secret
     jwt: Secret
@@ -223,7 +227,7 @@ class EnrollmentExchange(ThunderModel):
 
 def smallest_zone_id(zones: list[Zone], display_name: str) -> str | None:
     """Display names are not unique: a name resolves to the smallest ``zoneId`` among exact
-    matches (contract 2.1), so every caller picks the same zone."""
+    matches (thunder-api.md 2.1), so every caller picks the same zone."""
     matches = [zone.zone_id for zone in zones if zone.display_name == display_name]
     return min(matches) if matches else None
 

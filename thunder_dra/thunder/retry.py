@@ -1,17 +1,19 @@
 """Which Thunder calls may be repeated, when, and how long to wait between attempts.
 
-Three rules, one per kind of call:
+Three rules, one per kind of call (thunder-api.md 1.3):
 
-- ``IDEMPOTENT``: reads (2.1, 2.3, 2.4, 2.5), the zone ensure (2.2: idempotent by display
-  name, and the ID is re-listed anyway) and revocations (2.7, 2.8: a repeat answers 404/410,
-  which is success). Repeating them cannot create anything, so 429, 5xx and every transport
-  error (timeouts included) are retried.
-- ``MINT`` (2.6): only 429 (Thunder refused before acting) and transport errors where the
-  request provably never left the node (connect failures, no pooled connection). A 5xx, a
-  read timeout or a dropped connection may come *after* Thunder minted a token; its ID never
-  reached us, the API cannot list tokens, so that enrollment cannot be revoked, and a retry
-  would mint a second one. Those failures go to the caller, whose mint journal handles them.
-- ``EXCHANGE`` (2.9): exactly as the contract says, 429 and 5xx only.
+- ``IDEMPOTENT``: reads (thunder-api.md 2.1, 2.3, 2.4, 2.5), the zone ensure
+  (thunder-api.md 2.2: idempotent by display name, and the ID is re-listed anyway) and
+  revocations (thunder-api.md 2.7, 2.8: a repeat answers 404/410, which is success).
+  Repeating them cannot create anything, so 429, 5xx and every transport error (timeouts
+  included) are retried.
+- ``MINT`` (thunder-api.md 2.6): only 429 (Thunder refused before acting) and transport
+  errors where the request provably never left the node (connect failures, no pooled
+  connection). A 5xx, a read timeout or a dropped connection may come *after* Thunder
+  minted a token; its ID never reached us, the API cannot list tokens, so that enrollment
+  cannot be revoked, and a retry would mint a second one. Those failures go to the caller,
+  whose mint journal handles them.
+- ``EXCHANGE`` (thunder-api.md 2.9): exactly as the contract says, 429 and 5xx only.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY = RetryPolicy()
-# Contract 2.9: at most 5 attempts, backoff from 0.5 s capped at 8 s, 90 s in all.
+# thunder-api.md 2.9: at most 5 attempts, backoff from 0.5 s capped at 8 s, 90 s in all.
 EXCHANGE_RETRY = RetryPolicy(max_attempts=5, initial_backoff=0.5, max_backoff=8.0, budget=90.0)
 
 

@@ -1,4 +1,4 @@
-"""Oversubscription targets per zone and GPU model (contract 2.5).
+"""Oversubscription targets per zone and GPU model (thunder-api.md 2.5).
 
 The item keys inside ``oversubscriptionTargets`` are uncertain, so a few plausible
 spellings are accepted; an item that names no model or no usable value is ignored.

@@ -1,4 +1,4 @@
-"""The artifact fetcher over HTTP against the fake artifact host (contract 6.4)."""
+"""The artifact fetcher over HTTP against the fake artifact host (thunder-api.md 6.4)."""
 
 from __future__ import annotations
 

@@ -35,11 +35,11 @@ async def test_every_endpoint_end_to_end(
     client: ThunderClient, fake_thunder: FakeThunderProcess
 ) -> None:
     admin = fake_thunder.admin
-    zone = await client.ensure_zone("us-east")  # 2.2
+    zone = await client.ensure_zone("us-east")  # thunder-api.md 2.2
     assert await client.resolve_zone("us-east") == zone  # 2.1
-    server = await client.mint_server_token(zone)  # 2.6 (server)
+    server = await client.mint_server_token(zone)  # thunder-api.md 2.6 (server)
     host = admin.register_host(server.enrollment_token.reveal(), "A6000", 4, zone_name="us-east")
-    [listed_host] = await client.list_hosts(zone)  # 2.3
+    [listed_host] = await client.list_hosts(zone)  # thunder-api.md 2.3
     assert (listed_host.host_id, listed_host.gpu_type, listed_host.gpu_count) == (
         host["hostId"],
         "A6000",
@@ -47,14 +47,15 @@ async def test_every_endpoint_end_to_end(
     )
     admin.set_targets(zone, {"a6000": 1.5}, default=3)
     assert await client.oversubscription_target(zone, "A6000") == 1.5  # 2.5
-    minted = await client.mint_client_token(zone, "A6000", 2)  # 2.6 (client)
-    exchanged = await client.exchange(minted.enrollment_token, hostname="pod-a")  # 2.9
-    [listed_client] = await client.list_clients(zone)  # 2.4
+    minted = await client.mint_client_token(zone, "A6000", 2)  # thunder-api.md 2.6 (client)
+    # thunder-api.md 2.9
+    exchanged = await client.exchange(minted.enrollment_token, hostname="pod-a")
+    [listed_client] = await client.list_clients(zone)  # thunder-api.md 2.4
     assert listed_client.client_id == exchanged.claims.client_id
     assert listed_client.display_name == "pod-a"
-    unenrolled = await client.unenroll(minted.enrollment_token_id)  # 2.7
+    unenrolled = await client.unenroll(minted.enrollment_token_id)  # thunder-api.md 2.7
     assert unenrolled.node_deleted
-    revoked = await client.revoke_client(exchanged.claims.client_id)  # 2.8
+    revoked = await client.revoke_client(exchanged.claims.client_id)  # thunder-api.md 2.8
     assert revoked.decommissioned_at is not None
     assert not (await client.list_clients(zone))[0].live
     assert admin.leaks() == []

@@ -1,4 +1,4 @@
-"""The client against the in-process fake Thunder: the stateful behaviour of contract 6.1."""
+"""The client against the in-process fake Thunder: the stateful behaviour of thunder-api.md 6.1."""
 
 from __future__ import annotations
 

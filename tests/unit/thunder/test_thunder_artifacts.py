@@ -1,4 +1,4 @@
-"""Installer pins and the verified library download (contract 3.1)."""
+"""Installer pins and the verified library download (thunder-api.md 3.1)."""
 
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ async def test_bad_expected_digest(make_fetcher: Fetcher, tmp_path: Path) -> Non
     assert recorder.requests == []
 
 
-# Against the in-process fake artifact host (6.4)
+# Against the in-process fake artifact host (thunder-api.md 6.4)
 
 
 async def test_fake_artifact_host_round_trip(

@@ -78,7 +78,7 @@ def test_constructor_validation() -> None:
     assert "t" not in repr(client).replace("https://x.test", "").replace("ThunderClient", "")
 
 
-# Zones (2.1, 2.2)
+# Zones (thunder-api.md 2.1, 2.2)
 
 ZONES = {
     "zones": [
@@ -137,7 +137,7 @@ async def test_ensure_zone_missing_from_the_list_is_an_error(make_client: MakeCl
         await client.ensure_zone("")
 
 
-# Hosts and clients (2.3, 2.4)
+# Hosts and clients (thunder-api.md 2.3, 2.4)
 
 
 async def test_hosts_are_queried_and_filtered_by_zone(make_client: MakeClient) -> None:
@@ -170,7 +170,7 @@ async def test_clients_are_queried_and_filtered_by_zone(make_client: MakeClient)
     assert [(c.client_id, c.live) for c in listed] == [("c1", True), ("c2", False)]
 
 
-# Targets (2.5)
+# Targets (thunder-api.md 2.5)
 
 
 async def test_targets_and_the_one_x_fallback(
@@ -191,7 +191,7 @@ async def test_targets_and_the_one_x_fallback(
     assert "using 1x" in caplog.text
 
 
-# Mint (2.6)
+# Mint (thunder-api.md 2.6)
 
 MINTED = {
     "enrollmentTokenId": "et-1",
@@ -238,7 +238,7 @@ async def test_unusable_mint_answer_still_names_the_token_to_revoke(
     assert caught.value.created_id == "et-9"
 
 
-# Unenroll (2.7) and client revocation (2.8)
+# Unenroll (thunder-api.md 2.7) and client revocation (thunder-api.md 2.8)
 
 
 async def test_unenroll(make_client: MakeClient) -> None:
@@ -284,7 +284,7 @@ async def test_revoke_client(make_client: MakeClient) -> None:
     assert not result.already_gone
 
 
-# Exchange (2.9)
+# Exchange (thunder-api.md 2.9)
 
 
 async def test_exchange_authenticates_with_the_enrollment_token(make_client: MakeClient) -> None:

@@ -189,7 +189,7 @@ def test_minted_token_requires_id_and_secret() -> None:
         MintedToken.model_validate({"enrollmentTokenId": "et", "enrollmentToken": "", "role": "c"})
 
 
-# JWT claims (2.9)
+# JWT claims (thunder-api.md 2.9)
 
 
 @relaxed
@@ -245,7 +245,7 @@ def test_arbitrary_payloads_never_crash_the_decoder(payload: dict[str, Any]) -> 
         decode_jwt_claims(_jwt(payload))
 
 
-# Oversubscription targets (2.5)
+# Oversubscription targets (thunder-api.md 2.5)
 
 
 def test_target_rules() -> None:

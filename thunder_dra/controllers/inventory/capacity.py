@@ -1,11 +1,11 @@
-"""How many devices each zone publishes per GPU model (architecture: inventory pass).
+"""How many devices each zone publishes per GPU model (docs/operator.md#inventory-passes).
 
 Per Thunder zone and model (models compared ignoring case, thunder-api.md 7.5):
 
-- physical: GPUs of healthy, uncordoned hosts (2.3);
-- live clients: GPUs of clients not decommissioned (2.4); a client whose type or
+- physical: GPUs of healthy, uncordoned hosts (thunder-api.md 2.3);
+- live clients: GPUs of clients not decommissioned (thunder-api.md 2.4); a client whose type or
   count is unknown cannot be attributed to a model and is not counted;
-- target (2.5): the model's item if > 0, else the zone default if > 0, else 1; a
+- target (thunder-api.md 2.5): the model's item if > 0, else the zone default if > 0, else 1; a
   failed read means 1 for every model; non-numeric, NaN or infinite values are
   malformed and fall through like unset ones; targets above `MAX_TARGET` are
   clamped, so a typo cannot publish millions of devices;
@@ -21,7 +21,7 @@ as it (`repr`), i.e. what the API sent, so 3 x 1.1 = 3.3 -> 3 and 10 x 0.3 = 3.0
 where binary floats would give 3.3000000000000003 and 2.9999999999999996.
 
 Zones are matched by display name in Kubernetes, and display names are not unique
-(2.1): figures are computed per Thunder zone and then added up per display name.
+(thunder-api.md 2.1): figures are computed per Thunder zone and then added up per display name.
 The pool's target is that of its smallest zone ID (the zone the name resolves to).
 """
 
@@ -87,7 +87,7 @@ TargetValue = float | int | str | Decimal | None
 
 @dataclass(frozen=True, slots=True)
 class OversubscriptionTargets:
-    """A zone's targets as Thunder reported them (2.5); keys are Thunder spellings."""
+    """A zone's targets as Thunder reported them (thunder-api.md 2.5); keys as Thunder spells."""
 
     per_model: Mapping[str, TargetValue] = field(default_factory=dict)
     default: TargetValue = None

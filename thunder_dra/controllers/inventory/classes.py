@@ -1,4 +1,4 @@
-"""One DeviceClass per GPU model published anywhere (architecture: DeviceClasses).
+"""One DeviceClass per GPU model published anywhere (README.md#gpu-types).
 
 The class `<prefix><type label>` (thunder-gpu-a6000) selects this driver's devices
 whose `thundercompute.com/gpu_type_label` attribute is the model's DNS label, the

@@ -1,4 +1,4 @@
-"""The ResourceSlices that publish the pools (architecture: ResourceSlices).
+"""The ResourceSlices that publish the pools (docs/operator.md#inventory-passes).
 
 One pool per zone display name and GPU model, named `<zone label>/<type label>`,
 one device `<type label>-<n>` per published GPU, split into slices of at most 128

@@ -1,4 +1,4 @@
-"""One read of Thunder inventory for an inventory pass (contract 2.1, 2.3, 2.4, 2.5).
+"""One read of Thunder inventory for an inventory pass (thunder-api.md 2.1, 2.3, 2.4, 2.5).
 
 Zones are listed first; then hosts, clients and oversubscription targets of every zone
 are read concurrently, never more than `concurrency` requests at a time. What may fail
@@ -8,7 +8,7 @@ and what it means:
 - hosts or clients of a zone: that zone's display name is unavailable (all zone IDs
   sharing the name, since their figures are added up), so its pools are kept as they
   are rather than shrunk from a partial read;
-- targets of a zone: the zone counts at 1x and a warning is logged (contract 2.5).
+- targets of a zone: the zone counts at 1x and a warning is logged (thunder-api.md 2.5).
 """
 
 from __future__ import annotations

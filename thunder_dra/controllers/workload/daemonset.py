@@ -1,4 +1,6 @@
-"""The node daemon DaemonSet, rendered from the ThunderCluster spec (architecture: DaemonSet).
+"""The node daemon DaemonSet, rendered from the ThunderCluster spec.
+
+Described in docs/operator.md#the-daemon-daemonset.
 
 One DaemonSet, `thunder-dra-daemon` in the operator's namespace, owned by the
 ThunderCluster (a namespaced object may have a cluster-scoped owner), so deleting the

@@ -15,10 +15,11 @@ since a pool name keeps its meaning for as long as the pool exists.
 A Thunder client is enrolled for one zone and one model, so a claim whose devices of this
 driver come from two pools is refused with a clear error rather than half-served.
 
-The zone's Thunder ID is resolved by display name (2.1: the smallest ID among duplicates)
-and cached for a few seconds. Both lookups are single-flight: concurrent claims that miss
-the cache share one request (one zone list for every zone name, one slice list per
-pool), so a kubelet call with hundreds of claims lists zones once, not once per claim.
+The zone's Thunder ID is resolved by display name (thunder-api.md 2.1: the smallest ID
+among duplicates) and cached for a few seconds. Both lookups are single-flight:
+concurrent claims that miss the cache share one request (one zone list for every zone
+name, one slice list per pool), so a kubelet call with hundreds of claims lists zones
+once, not once per claim.
 """
 
 from __future__ import annotations
@@ -268,7 +269,7 @@ class PoolResolver:
 
 
 class ZoneIds:
-    """Zone display name to ID (2.1, smallest ID wins), cached briefly; one zone list
+    """Zone display name to ID (thunder-api.md 2.1, smallest ID wins), cached briefly; one zone list
     answers every name, and concurrent misses share it."""
 
     def __init__(self, thunder: ThunderClient, ttl: float = ZONE_ID_TTL) -> None:
@@ -294,7 +295,8 @@ class ZoneIds:
                 f"Thunder zone lookup failed: {err}", ErrorReason.THUNDER_ZONE
             ) from None
         ids: dict[str, str] = {}
-        for zone in zones:  # smallest_zone_id's rule (2.1), for every name in one pass
+        # smallest_zone_id's rule (thunder-api.md 2.1), for every name in one pass
+        for zone in zones:
             known = ids.get(zone.display_name)
             if known is None or zone.zone_id < known:
                 ids[zone.display_name] = zone.zone_id

@@ -1,14 +1,15 @@
 """Preparing one claim: from its allocation to a Thunder client, files, records and a CDI spec.
 
-The order (architecture.md, Prepare), every step safe to crash after:
+The order (docs/daemon.md#preparing-a-claim), every step safe to crash after:
 
 1. read the claim and its allocation for this driver; map the pool to Thunder's zone and
    model spellings; find the consumer (a KubeVirt virt-launcher pod means a VM);
 2. for pods, make sure the verified ``libthunder.so`` is in the node cache *before*
    minting, so a bad download never costs an enrollment;
-3. journal the mint, mint a client token (2.6), record its ID;
-4. pods: exchange it (2.9, hostname = the pod's name), record the client ID, write the
-   claim's ``config.json``; VMs: write the ``<claim>-thunder-setup`` Secret instead;
+3. journal the mint, mint a client token (thunder-api.md 2.6), record its ID;
+4. pods: exchange it (thunder-api.md 2.9, hostname = the pod's name), record the client
+   ID, write the claim's ``config.json``; VMs: write the ``<claim>-thunder-setup`` Secret
+   instead;
 5. record the ``Client`` (finalizer, spec, status Enrolled);
 6. pods: write the CDI spec;
 7. commit the checkpoint, close the journal entry, answer.

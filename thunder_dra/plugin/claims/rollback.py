@@ -1,4 +1,4 @@
-"""Undoing enrollments: unprepare's cleanup and the mint journal's rollback (thunder-api 7.3).
+"""Undoing enrollments: unprepare's cleanup and the mint journal's rollback (thunder-api.md 7.3).
 
 Every undo is safe to repeat: revocations accept 404/410, deletions accept "already gone",
 so a crash half-way through is finished by simply running it again.
@@ -11,10 +11,10 @@ daemon instance's journal):
   node enrollment recorded in ``node-enrollment.json`` with it, succeeded: it is closed;
 - an entry without a token ID cannot be undone (the API cannot list tokens): it is closed
   and reported, once, as an unrevocable mint; the code keeps that window to one write;
-- otherwise the token (2.7) and the client (2.8) are revoked, and what the attempt may
-  have made is removed: the claim's files when no other attempt committed the claim,
-  ``config.json`` when it holds the attempt's client, the ``Client`` record and the VM
-  Secret when they name the attempt's token. Then the entry is closed.
+- otherwise the token and the client are revoked (thunder-api.md 2.7, 2.8), and what the
+  attempt may have made is removed: the claim's files when no other attempt committed the
+  claim, ``config.json`` when it holds the attempt's client, the ``Client`` record and the
+  VM Secret when they name the attempt's token. Then the entry is closed.
 
 A Thunder failure leaves the entry open for the next sweep.
 """
@@ -85,7 +85,8 @@ class Undo:
         self.node: NodeEnrollmentView | None = None
 
     async def revoke(self, token_id: str | None, client_id: str | None) -> None:
-        """Unenroll the token (2.7), then decommission the client (2.8); gone is fine."""
+        """Unenroll the token, then decommission the client (thunder-api.md 2.7, 2.8); gone is
+        fine."""
         if token_id:
             await self.thunder.unenroll(token_id)
         if client_id:

@@ -2,8 +2,9 @@
 
 The checkpoint entry is first marked ``unpreparing`` (so a prepare that races a crashed
 unprepare knows the files and the enrollment are no longer to be trusted), then:
-unenroll the token (2.7) and decommission the client (2.8), delete the CDI spec, the
-claim's directory, a VM's Secret and the ``Client`` record, and drop the entry last.
+unenroll the token and decommission the client (thunder-api.md 2.7, 2.8), delete the CDI
+spec, the claim's directory, a VM's Secret and the ``Client`` record, and drop the entry
+last.
 Every step is idempotent, so a crash anywhere is finished by the kubelet's next call or
 by the daemon's start-up.
 

@@ -118,7 +118,7 @@ def host_install_env(
     node_name: str,
     port_range: tuple[int, int] | None = None,
 ) -> dict[str, str]:
-    """The environment of :data:`HOST_INSTALL_COMMAND`: the variables of contract 3.2.
+    """The environment of :data:`HOST_INSTALL_COMMAND`: the variables of thunder-api.md 3.2.
 
     ``zone_name`` is the zone's display name, not its ID. The token is only ever a value
     here; the caller passes this as the runner's ``env`` and the installer text as input.
@@ -147,7 +147,10 @@ def host_install_env(
 def host_restart_command(
     *, advertised_ip: str, zone_name: str, node_name: str
 ) -> tuple[list[str], dict[str, str]]:
-    """Argv and environment that restart thunderd on an enrolled node, no new token (3.3)."""
+    """Argv and environment that restart thunderd on an enrolled node, no new token.
+
+    thunder-api.md 3.3.
+    """
     argv = [
         "thunder",
         "up",

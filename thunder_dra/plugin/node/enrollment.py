@@ -2,17 +2,17 @@
 
 A background loop, never in the way of kubelet calls:
 
-1. ensure the node's Thunder zone exists (2.2), once per start;
+1. ensure the node's Thunder zone exists (thunder-api.md 2.2), once per start;
 2. ``thunder status --json``: healthy means enrolled; a service in transition is given
    time; an enrolled but unhealthy thunderd is restarted with ``thunder up`` (no new
    token), with backoff; not installed, no credential, or still unhealthy after
    :data:`RESTARTS_BEFORE_REINSTALL` restarts means (re)install;
 3. install: fetch the installer and verify it (its pinned SHA-256, if any) before
    anything is minted; journal the mint (role server, purpose node-enrollment), mint a
-   server token (2.6), record its ID, run that very installer text with ``sh -s`` in the
-   host's namespaces (no ``sudo``, no second download) with the token in the process
-   environment only, and check ``thunder status`` again, because an installer can exit 0
-   without enrolling; then save the new token ID in ``node-enrollment.json``, revoke the
+   server token (thunder-api.md 2.6), record its ID, run that very installer text with
+   ``sh -s`` in the host's namespaces (no ``sudo``, no second download) with the token in
+   the process environment only, and check ``thunder status`` again, because an installer
+   can exit 0 without enrolling; then save the new token ID in ``node-enrollment.json``, revoke the
    enrollment it replaces, close the journal entry. A failure revokes the new token.
 
 Each pass (steps 2 and 3) runs under the node's enrollment lock, an exclusive ``flock``

@@ -134,7 +134,7 @@ class PreparedClaim(_Model):
 
     @property
     def hostname(self) -> str:
-        """What the exchange names the client after (2.9): the pod, else the claim."""
+        """What the exchange names the client after (thunder-api.md 2.9): pod, else claim."""
         return self.consumer.name or self.name
 
     @property
