@@ -55,6 +55,7 @@ typecheck: $(STAMP) ## mypy --strict
 UNIT_WORKERS ?= auto
 .PHONY: unit
 unit: $(STAMP) tools ## Unit tests only (no cluster; chart renders use the built helm), on every CPU
+	@hack/ensure-promtool.sh
 	$(VENV)/bin/pytest tests/unit -m unit -q -n $(UNIT_WORKERS) $(PYTEST_ARGS)
 
 .PHONY: check
@@ -68,11 +69,13 @@ THUNDER_STRICT_SKIPS ?= 1
 .PHONY: test
 test: $(STAMP) tools $(NODE_PREREQS) ## Every test: unit, integration (local control plane), end-to-end, the real node (root)
 	@hack/ensure-runc.sh
+	@hack/ensure-promtool.sh
 	THUNDER_STRICT_SKIPS=$(THUNDER_STRICT_SKIPS) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: test-local
 test-local: $(STAMP) tools $(NODE_PREREQS) ## Integration and end-to-end tests on the embedded local control plane (and the real node, as root)
 	@hack/ensure-runc.sh
+	@hack/ensure-promtool.sh
 	THUNDER_STRICT_SKIPS=$(THUNDER_STRICT_SKIPS) $(VENV)/bin/pytest -m "integration or e2e" $(PYTEST_ARGS)
 
 .PHONY: cover

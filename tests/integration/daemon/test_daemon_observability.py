@@ -1,5 +1,6 @@
 """The real daemon writes the shared log schema, names its traces from OTEL_SERVICE_NAME,
-joins its log lines to their spans, answers the shared probes and logs no credential."""
+joins its log lines to their spans, answers the shared probes, serves a /metrics that
+`promtool check metrics` passes and logs no credential."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from hack.fake_thunder import FakeThunderProcess
 from hack.testbed.daemon import NodeHarness, Workloads, ZonePool, secrets_of
 from hack.testbed.kube import Kube
+from tests.support.promtool import metrics_problems
 
 SERVICE = "gpu-node-agent-under-test"
 
@@ -38,6 +40,11 @@ def test_logs_spans_and_probes_of_a_prepared_claim(
     pods.delete(name)
     pods.wait_gone(node, name)
     secrets = secrets_of(fake)
+    # The real exposition, after a prepare and an unprepare, passes promtool's lint.
+    status, exposition = node.daemon.http("/metrics")
+    assert status == 200, exposition
+    assert "thunder_dra_daemon_prepare_claims_total" in exposition
+    assert metrics_problems(exposition) == ""
     node.daemon.stop()  # flushes the spans still waiting for export
 
     records = node.daemon.log_records()

@@ -1,11 +1,13 @@
 """The real operator writes the shared log schema, names its traces from
-OTEL_SERVICE_NAME, answers the shared probes and logs no credential."""
+OTEL_SERVICE_NAME, answers the shared probes, serves a /metrics that
+`promtool check metrics` passes and logs no credential."""
 
 from __future__ import annotations
 
 import urllib.request
 
 from hack.testbed.operator import API_TOKEN, OperatorEnv
+from tests.support.promtool import metrics_problems
 
 SERVICE = "thunder-operator-under-test"
 
@@ -27,6 +29,10 @@ def test_logs_spans_and_probes_of_a_pass(env: OperatorEnv) -> None:
         env.sync()
         assert probe(env, "/healthz") == (200, "ok\n")
         assert probe(env, "/readyz") == (200, "ok\n")
+        # The real exposition, after a pass, passes promtool's lint.
+        exposition = env.operator.metrics_text()
+        assert "thunder_dra_operator_inventory_passes_total" in exposition
+        assert metrics_problems(exposition) == ""
         env.operator.stop()  # flushes the spans still waiting for export
         text = env.operator.log_text()
         records = env.operator.log_records()

@@ -56,6 +56,15 @@ STATE_DIR: Final = "/var/lib/thunder-dra"
 HASH_ANNOTATION: Final = f"{DOMAIN}/rendered-hash"
 TOKEN_ENV: Final = "THUNDER_API_TOKEN"
 TOKEN_KEY: Final = "THUNDER_API_TOKEN"
+METRICS_PATH: Final = "/metrics"
+# Prometheus's usual pod annotations: a `kubernetes_sd_configs` job of role `pod` that
+# keeps annotated pods scrapes every daemon. The daemon serves /metrics on its health
+# port. The ThunderCluster's `daemon.podAnnotations` win (`prometheus.io/scrape: "false"`).
+SCRAPE_ANNOTATIONS: Final = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": str(HEALTH_PORT),
+    "prometheus.io/path": METRICS_PATH,
+}
 
 
 def selector_labels() -> dict[str, str]:
@@ -198,9 +207,10 @@ def render(
     if daemon.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [ref.to_json_dict() for ref in daemon.image_pull_secrets]
     labels = {**selector_labels(), naming.LABEL_MANAGED_BY: naming.MANAGED_BY}
-    template_metadata: dict[str, Any] = {"labels": selector_labels()}
-    if daemon.pod_annotations:
-        template_metadata["annotations"] = dict(daemon.pod_annotations)
+    template_metadata: dict[str, Any] = {
+        "labels": selector_labels(),
+        "annotations": {**SCRAPE_ANNOTATIONS, **daemon.pod_annotations},
+    }
     body: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
