@@ -15,7 +15,8 @@ As root, with the node components built (``make node-tools``; ``make demo`` buil
 them and the images), it runs on a real node instead (``hack.node``): the README's
 install of the chart with the images ``make image`` built, the daemon pod enrolling the
 node, ``helm test`` as a Pod, two stock Debian pods showing in their own log the files
-containerd injected from the driver's CDI spec, cleanup and the leak audit. Elsewhere,
+containerd injected from the driver's CDI spec and the line the served (fake)
+``libthunder.so`` prints once preloaded, cleanup and the leak audit. Elsewhere,
 or with ``--simulated``, it runs the simulated nodes and says why.
 """
 
@@ -35,6 +36,7 @@ from typing import Any
 from hack.cluster import Cluster
 from hack.cluster.launcher import binaries
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
+from hack.fake_thunder.library import loader_errors, preloaded_lines
 from hack.testbed import daemon as daemon_harness
 from hack.testbed import operator as operator_harness
 from hack.testbed.kube import Kube, wait_for
@@ -207,6 +209,11 @@ def real_node_demo() -> int:
             print("TOKEN FOUND" if leaked else "NO TOKEN in its environment or output")
             if leaked or "LD_PRELOAD=/etc/thunder/libthunder.so" not in logs:
                 raise SystemExit(f"{name}: the injection is not as expected")
+            refused, preloaded = loader_errors(logs), preloaded_lines(logs)
+            if refused or not preloaded:
+                raise SystemExit(f"{name}: libthunder.so was not preloaded: {refused or logs}")
+            print(f"libthunder.so preloaded into {len(preloaded)} processes, no ld.so error:")
+            print(f"  {preloaded[0]}")
 
         step("Cleanup: pods deleted, the kubelet unprepares, enrollments revoked")
         for name in pods:

@@ -28,6 +28,7 @@ from hack import image as image_builder
 from hack.fake_host import FakeHost
 from hack.fake_host.state import THUNDER_FILE
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
+from hack.fake_thunder.library import loader_errors, preloaded_lines
 from hack.node import launcher
 from hack.node.launcher import Node
 
@@ -223,6 +224,13 @@ def check_injected(install: Install, logs: str, gpus: int = 2) -> None:
     assert "config.json" in logs
     assert "LD_PRELOAD=/etc/thunder/libthunder.so" in logs
     assert "config.json keys:" in logs
+    # The served libthunder.so loaded into the workload's processes (the fake's constructor
+    # says so on stderr) and read config.json at its mounted path; the loader refused none.
+    preloaded = preloaded_lines(logs)
+    assert preloaded, logs
+    assert all("/etc/thunder/config.json read: " in line for line in preloaded), preloaded
+    assert all("authToken" in line and "clientId" in line for line in preloaded), preloaded
+    assert not loader_errors(logs), logs
     assert "THUNDER_GPU_TYPE=A6000" in logs
     assert f"THUNDER_GPU_COUNT={gpus}" in logs
     leaked = [s for s in install.secrets() if s in logs]
