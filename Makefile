@@ -146,8 +146,17 @@ test-node: $(STAMP) tools node-tools image ## Only the real-node tests (tests/e2
 node-cleanup: $(STAMP) ## Remove what a real node whose launcher died left behind (root)
 	$(PY) -m hack.node cleanup
 
+# REGISTRY (host[:port]/path) takes the images and, under charts/, the chart; IMAGE_TAG
+# is <version>-<UTC time> (default: the commit time of HEAD); a tag the registry has is
+# refused. PUSH_CHART=0 pushes only the images.
+REGISTRY ?= ghcr.io/thunder-compute
 .PHONY: push
-push: ## Push the images (REGISTRY=..., IMAGE_TAG=...; needs a docker engine)
+push: $(STAMP) tools image ## Push the images (make image's OCI archives, skopeo) and the chart (helm) to REGISTRY (root)
+	@hack/ensure-registry.sh
+	HELM=$(HELM) $(PY) -m release.push --registry $(REGISTRY) $(if $(IMAGE_TAG),--tag $(IMAGE_TAG)) $(if $(filter 0,$(PUSH_CHART)),--without-chart)
+
+.PHONY: push-docker
+push-docker: ## Push the images make image-docker built (REGISTRY=..., IMAGE_TAG=...; needs a docker engine)
 	release/images.sh push
 
 .PHONY: image-buildx
