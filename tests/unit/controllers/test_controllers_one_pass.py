@@ -114,3 +114,32 @@ async def test_more_gpus_are_published_at_once_and_a_brief_drop_withdraws_nothin
         assert back.writes_to("resourceslices") == []
         assert world.published() == {"us-east/a6000": 6, "eu-west/h100": 2}
         assert world.conditions()["InventorySuspect"] == ("False", "InventoryTrusted")
+
+
+async def test_held_pools_and_clamped_figures_show_in_the_operators_metrics() -> None:
+    limits = {"operator": {**CONFIRM_THREE["operator"], "limits": {"maxDevicesPerPool": 3}}}
+    async with operator_world(TWO_ZONES, limits) as world:
+        registry = world.operator.services.metrics.registry
+
+        def gauges() -> tuple[float | None, ...]:
+            return tuple(
+                registry.get_sample_value(f"thunder_dra_operator_{name}")
+                for name in ("inventory_pools_held", "inventory_clamped")
+            )
+
+        await world.run_pass()
+        assert world.published() == {"us-east/a6000": 3, "eu-west/h100": 2}
+        assert gauges() == (0, 1)
+
+        world.remove_zone("eu-west")
+        await world.run_pass()
+        assert gauges() == (1, 1)
+        await world.run_pass()
+        await world.run_pass()  # the third pass with the same answer is believed
+        assert world.published() == {"us-east/a6000": 3}
+        assert gauges() == (0, 1)
+
+        world.set_gpus("us-east", "A6000", 3)  # now within the limit
+        await world.run_pass()
+        assert world.published() == {"us-east/a6000": 3}
+        assert gauges() == (0, 0)

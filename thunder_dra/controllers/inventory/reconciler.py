@@ -289,6 +289,8 @@ class InventoryReconciler:
         capacities, current, layout = planned.capacities, planned.current, planned.layout
         self.streaks = planned.decision.streaks
         suspect = await self._report_guard(planned.decision, protection, ref)
+        self._metrics.pools_held.set(len(planned.decision.held))
+        self._metrics.inventory_clamped.set(1 if layout.clamps else 0)
         if layout.clamps:
             message = "Thunder reported more than the limits allow: " + "; ".join(layout.clamps)
             _log.warning(message, extra={"reason": "InventoryClamped"})

@@ -62,6 +62,17 @@ class OperatorMetrics:
             "thunder_reachable",
             "1 when the last inventory pass read every zone, else 0.",
         )
+        self.pools_held = family.gauge(
+            "inventory_pools_held",
+            "Published pools the last inventory pass held back as they were, because Thunder's "
+            "shrinking answer for them is suspect until it repeats (spec.operator."
+            "inventoryProtection).",
+        )
+        self.inventory_clamped = family.gauge(
+            "inventory_clamped",
+            "1 when the last inventory pass cut what Thunder reported to the ThunderCluster's "
+            "limits (spec.operator.limits: pools, devices, GPUs per host), else 0.",
+        )
         self.extended_resource_supported = family.gauge(
             "extended_resource_supported",
             "1 when the API server keeps DeviceClass extendedResourceName, 0 when it drops it.",
