@@ -37,6 +37,8 @@ DAEMON_ONLY: Final = "!variables.isDaemon ||"
 """A validation of this form holds only the daemon's ServiceAccount."""
 OTHERS_ONLY: Final = "variables.isDaemon || request.userInfo.username == variables.operatorUser ||"
 """A validation of this form holds everyone but the driver's two ServiceAccounts."""
+ANYONE: Final = ("variables.isDaemon", "variables.operatorUser", "request.userInfo")
+"""A validation naming none of these holds everyone alike (the driver included)."""
 
 
 class PermissionsError(RuntimeError):
@@ -61,6 +63,7 @@ class Policy:
     operations: tuple[str, ...]
     daemon: tuple[str, ...]
     others: tuple[str, ...]
+    everyone: tuple[str, ...] = ()
 
 
 def render_chart(chart: Path) -> str:
@@ -157,6 +160,7 @@ def policies(rendered: str) -> list[Policy]:
             operations += [o for o in rule["operations"] if o not in operations]
         daemon: list[str] = []
         others: list[str] = []
+        everyone: list[str] = []
         for check in spec["validations"]:
             expression = " ".join(str(check["expression"]).split())
             message = _named(" ".join(str(check["message"]).split()))
@@ -164,6 +168,8 @@ def policies(rendered: str) -> list[Policy]:
                 daemon.append(message)
             elif expression.startswith(OTHERS_ONLY):
                 others.append(message)
+            elif not any(word in expression for word in ANYONE):
+                everyone.append(message)
             else:
                 raise PermissionsError(
                     f"{doc['metadata']['name']}: a validation holds neither the daemon alone "
@@ -176,6 +182,7 @@ def policies(rendered: str) -> list[Policy]:
                 operations=tuple(operations),
                 daemon=tuple(daemon),
                 others=tuple(others),
+                everyone=tuple(everyone),
             )
         )
     return found
@@ -225,6 +232,8 @@ def policy_list(found: Sequence[Policy]) -> str:
                 "everyone but the driver's two ServiceAccounts: "
                 + "; ".join(_cell(m) for m in policy.others)
             )
+        if policy.everyone:
+            held.append("everyone: " + "; ".join(_cell(m) for m in policy.everyone))
         lines.append(f"- `{policy.name}` ({on}). Holds " + ". Holds ".join(held) + ".")
     return "\n".join(lines) + "\n"
 

@@ -57,7 +57,15 @@ longer than a label value)."""
 LABEL_CLAIM_UID: Final = f"{DOMAIN}/claim-uid"
 """On a setup Secret and a Client: the UID of the claim it was made for."""
 SETUP_SECRET_SUFFIX: Final = "-thunder-setup"
-SUFFIXES: Final = ("daemon-setup-secrets", "daemon-clients", "client-writers")
+SUFFIXES: Final = (
+    "daemon-setup-secrets",
+    "daemon-clients",
+    "client-writers",
+    "one-model-per-claim",
+)
+DEFAULT_DEVICE_CLASS_PREFIX: Final = "thunder-gpu-"
+DEFAULT_EXTENDED_RESOURCE_PREFIX: Final = f"{DOMAIN}/gpu-"
+ONE_MODEL_REASON: Final = "a Thunder client serves one zone and one GPU model"
 OPERATOR_PREFIX: Final = "thunder-dra"
 """Name prefix of the policies an operator applies itself (one driver per cluster), so
 its RBAC can name them (``resourceNames``)."""
@@ -79,6 +87,10 @@ class Identity:
     operator_service_account: str
     name_prefix: str
     """Prefix of the (cluster-scoped) policy and binding names."""
+    device_class_prefix: str = DEFAULT_DEVICE_CLASS_PREFIX
+    """Names of the per-model DeviceClasses start with it (``one-model-per-claim``)."""
+    extended_resource_prefix: str = DEFAULT_EXTENDED_RESOURCE_PREFIX
+    """Names of the per-model extended resources start with it (``one-model-per-claim``)."""
 
     def user(self, service_account: str) -> str:
         return f"system:serviceaccount:{self.namespace}:{service_account}"
@@ -309,10 +321,151 @@ def _client_writers(identity: Identity) -> dict[str, Any]:
     return _policy(identity, "client-writers", _client_rules(["CREATE", "UPDATE"]), [], validations)
 
 
+def _request_class() -> str:
+    """The one DeviceClass a top-level request selects, or '' when it names several.
+
+    ``exactly``: its class. ``firstAvailable``: the class its subrequests all name, or ''
+    when they name different classes (alternatives: only one of them is allocated)."""
+    first = "r.firstAvailable[0].deviceClassName"
+    return (
+        "has(r.exactly) ? r.exactly.?deviceClassName.orValue('')"
+        " : (has(r.firstAvailable) && size(r.firstAvailable) > 0"
+        f" && r.firstAvailable.all(s, s.?deviceClassName.orValue('') == {first})"
+        f" ? {first} : '')"
+    )
+
+
+def _one_model_per_claim(identity: Identity) -> dict[str, Any]:
+    """A claim's devices come from one Thunder client, so from one GPU model.
+
+    Refused: a ResourceClaim, or a ResourceClaimTemplate's claim, with two top-level
+    requests whose DeviceClasses (``exactly``, or the one class all of a ``firstAvailable``
+    request's subrequests name) are two different classes starting with the DeviceClass
+    prefix; a Pod whose containers and init containers together limit or request two
+    different extended resources starting with the extended resource prefix (the
+    scheduler makes one claim for them). A prioritized list naming several models is
+    accepted (one alternative is allocated), and so are other drivers' classes. An empty
+    prefix turns its half of the check off. Only CREATE is checked: a claim's spec is
+    immutable, a template's spec too, a Pod's containers'
+    resources change only through resize, which the API server refuses for extended
+    resources.
+    """
+    classes = _cel_string(identity.device_class_prefix)
+    resources = _cel_string(identity.extended_resource_prefix)
+    rules = [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["*"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"],
+            "operations": ["CREATE"],
+        },
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "operations": ["CREATE"],
+        },
+    ]
+    thunder_key = "k.startsWith(variables.resourcePrefix)"
+    other_key = f"{thunder_key} && k != variables.firstResource"
+    variables = [
+        {"name": "classPrefix", "expression": classes},
+        {"name": "resourcePrefix", "expression": resources},
+        {"name": "isPod", "expression": "request.resource.resource == 'pods'"},
+        {
+            "name": "claimRequests",
+            "expression": (
+                "request.resource.resource == 'resourceclaimtemplates'"
+                " ? object.spec.?spec.?devices.?requests.orValue([])"
+                " : object.spec.?devices.?requests.orValue([])"
+            ),
+        },
+        {
+            "name": "thunderClasses",
+            "expression": (
+                f"variables.claimRequests.map(r, {_request_class()})"
+                ".filter(c, variables.classPrefix != '' && c.startsWith(variables.classPrefix))"
+            ),
+        },
+        {
+            "name": "firstClass",
+            "expression": ("size(variables.thunderClasses) > 0 ? variables.thunderClasses[0] : ''"),
+        },
+        {
+            "name": "otherClasses",
+            "expression": "variables.thunderClasses.filter(c, c != variables.firstClass)",
+        },
+        {
+            "name": "resourceLists",
+            "expression": (
+                "(object.spec.?containers.orValue([])"
+                " + object.spec.?initContainers.orValue([]))"
+                ".map(c, c.?resources.?limits.orValue({}).map(k, k)"
+                " + c.?resources.?requests.orValue({}).map(k, k))"
+            ),
+        },
+        {
+            "name": "thunderResources",
+            "expression": (
+                "variables.resourcePrefix == '' ? []"
+                f" : variables.resourceLists.filter(l, l.exists(k, {thunder_key}))"
+            ),
+        },
+        {
+            "name": "firstResource",
+            "expression": (
+                "size(variables.thunderResources) > 0"
+                f" ? variables.thunderResources[0].filter(k, {thunder_key})[0] : ''"
+            ),
+        },
+        {
+            "name": "otherResources",
+            "expression": (
+                f"variables.thunderResources.filter(l, l.exists(k, {other_key}))"
+                f".map(l, l.filter(k, {other_key})[0])"
+            ),
+        },
+    ]
+    validations = [
+        {
+            "expression": "variables.isPod || size(variables.otherClasses) == 0",
+            "messageExpression": (
+                f"'{ONE_MODEL_REASON}: one claim may not request two Thunder GPU models ('"
+                " + variables.firstClass + ', ' + variables.otherClasses[0]"
+                " + '); use one claim per model'"
+            ),
+            "message": (
+                f"{ONE_MODEL_REASON}: one claim may not request two Thunder GPU models;"
+                " use one claim per model"
+            ),
+            "reason": "Invalid",
+        },
+        {
+            "expression": "!variables.isPod || size(variables.otherResources) == 0",
+            "messageExpression": (
+                f"'{ONE_MODEL_REASON}: the resources of one Pod may not name two Thunder GPU"
+                " models (' + variables.firstResource + ', ' + variables.otherResources[0]"
+                " + '), the scheduler makes one claim for them; use one Pod per model'"
+            ),
+            "message": (
+                f"{ONE_MODEL_REASON}: the resources of one Pod may not name two Thunder GPU"
+                " models, the scheduler makes one claim for them; use one Pod per model"
+            ),
+            "reason": "Invalid",
+        },
+    ]
+    return _policy(identity, "one-model-per-claim", rules, variables, validations)
+
+
 def policies(identity: Identity) -> list[dict[str, Any]]:
     """Every policy and its binding, for one install."""
     out: list[dict[str, Any]] = []
-    for policy in (_setup_secrets(identity), _daemon_clients(identity), _client_writers(identity)):
+    for policy in (
+        _setup_secrets(identity),
+        _daemon_clients(identity),
+        _client_writers(identity),
+        _one_model_per_claim(identity),
+    ):
         out.append(policy)
         suffix = policy["metadata"]["name"][len(identity.name_prefix) + 1 :]
         out.append(_binding(identity, suffix))
@@ -357,12 +510,21 @@ _CHART_PLACEHOLDERS: Final = {
     "@@DAEMON@@": '{{ include "tdp.daemonServiceAccount" . }}',
     "@@OPERATOR@@": '{{ include "tdp.operatorServiceAccount" . }}',
     "@@PREFIX@@": '{{ include "tdp.webhookConfiguration" . }}',
+    "@@CLASSPREFIX@@": "{{ .Values.operator.deviceClassPrefix }}",
+    "@@RESOURCEPREFIX@@": "{{ .Values.operator.extendedResourcePrefix }}",
 }
 
 
 def chart_template() -> str:
     """The chart's templates/admission-policies.yaml."""
-    identity = Identity("@@NAMESPACE@@", "@@DAEMON@@", "@@OPERATOR@@", "@@PREFIX@@")
+    identity = Identity(
+        "@@NAMESPACE@@",
+        "@@DAEMON@@",
+        "@@OPERATOR@@",
+        "@@PREFIX@@",
+        "@@CLASSPREFIX@@",
+        "@@RESOURCEPREFIX@@",
+    )
     text = _dump_all(_with_labels(policies(identity)))
     for token, helm in _CHART_PLACEHOLDERS.items():
         text = text.replace(token, helm)

@@ -625,7 +625,7 @@ def test_the_operator_applies_the_policies_with_the_bundles_rights(
     try:
         first = asyncio.run(apply())
         assert set(first.values()) == {"created"}
-        assert len(first) == 6
+        assert len(first) == 2 * len(SUFFIXES)
         assert set(asyncio.run(apply()).values()) == {"unchanged"}
         # A policy weakened by hand is put back.
         weakened = names[0]

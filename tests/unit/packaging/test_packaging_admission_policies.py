@@ -48,7 +48,7 @@ def test_the_generated_chart_template_and_config_files_are_current() -> None:
 def test_the_chart_binds_the_policies_to_its_own_service_accounts() -> None:
     m = render(release="tdp", namespace="gpu-system")
     found = _policies(m)
-    assert len(found) == 6
+    assert len(found) == 2 * len(admissionpolicy.SUFFIXES)
     for policy in (o for o in found if o["kind"] == KINDS[0]):
         variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
         assert variables["driverNamespace"] == "'gpu-system'"
@@ -60,7 +60,7 @@ def test_the_chart_binds_the_policies_to_its_own_service_accounts() -> None:
 
 def test_config_default_names_the_install_namespace_after_kustomize() -> None:
     found = _policies(kustomize(REPO / "config" / "default"))
-    assert len(found) == 6
+    assert len(found) == 2 * len(admissionpolicy.SUFFIXES)
     for policy in (o for o in found if o["kind"] == KINDS[0]):
         variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
         assert variables["driverNamespace"] == "'thunder-system'"

@@ -53,6 +53,12 @@ def test_every_admission_policy_is_listed_with_whom_it_holds(rendered: str) -> N
     assert not found["daemon-clients"].others
     assert found["client-writers"].others
     assert not found["client-writers"].daemon
+    one_model = found["one-model-per-claim"]
+    assert not one_model.daemon
+    assert not one_model.others
+    assert len(one_model.everyone) == 2
+    assert one_model.resources == ("resourceclaims", "resourceclaimtemplates", "pods")
+    assert one_model.operations == ("CREATE",)
 
 
 def test_operator_md_points_at_the_one_table() -> None:
