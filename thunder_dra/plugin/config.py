@@ -268,20 +268,8 @@ def _absolute(name: str, path: Path | None) -> Path | None:
     return path
 
 
-def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonConfig:
-    """Flags and environment to a :class:`DaemonConfig`; raises :class:`ConfigError`."""
-    args = build_parser().parse_args(argv)
-    node_name = env.get("NODE_NAME", "").strip()
-    if not node_name:
-        raise ConfigError("NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)")
-    instance_id = (args.instance_id or env.get("POD_UID", "")).strip()
-    if not instance_id:
-        raise ConfigError("no instance ID: pass --instance-id or set POD_UID")
-    if not _INSTANCE_ID.match(instance_id):
-        raise ConfigError(f"instance ID {instance_id!r} must be 1-63 of [A-Za-z0-9._-]")
-    token = Secret(env.get(TOKEN_ENV, "")).stripped()
-    if not token:
-        raise ConfigError(f"{TOKEN_ENV} is not set (the DaemonSet reads it from the Secret)")
+def _check_flags(args: argparse.Namespace) -> None:
+    """The checks argparse cannot make; raises :class:`ConfigError` naming the flag."""
     for name in ("plugin_dir_root", "registry_dir", "cdi_dir", "state_dir"):
         _absolute(f"--{name.replace('_', '-')}", getattr(args, name).absolute())
     if args.min_driver_version < 1:
@@ -296,6 +284,23 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonCo
         ipaddress.ip_address(args.health_address)
     except ValueError as err:
         raise ConfigError(f"--health-address {args.health_address!r} is not an IP") from err
+
+
+def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonConfig:
+    """Flags and environment to a :class:`DaemonConfig`; raises :class:`ConfigError`."""
+    args = build_parser().parse_args(argv)
+    node_name = env.get("NODE_NAME", "").strip()
+    if not node_name:
+        raise ConfigError("NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)")
+    instance_id = (args.instance_id or env.get("POD_UID", "")).strip()
+    if not instance_id:
+        raise ConfigError("no instance ID: pass --instance-id or set POD_UID")
+    if not _INSTANCE_ID.match(instance_id):
+        raise ConfigError(f"instance ID {instance_id!r} must be 1-63 of [A-Za-z0-9._-]")
+    token = Secret(env.get(TOKEN_ENV, "")).stripped()
+    if not token:
+        raise ConfigError(f"{TOKEN_ENV} is not set (the DaemonSet reads it from the Secret)")
+    _check_flags(args)
     host_root = args.host_root or Path("/proc/1/root" if args.host_runner == "nsenter" else "/")
     gpu_files = NodeGpuFiles(
         nvidia_smi=_absolute("--nvidia-smi-path", args.nvidia_smi_path),
