@@ -6,8 +6,9 @@ chart into it; then the Install section runs with the chart from the registry: t
 CRDs from ``helm show crds oci://...`` and ``helm install oci://... --version
 <chart version> --plain-http``, the image repositories pointed at the registry. The
 node's containerd has no copy of the operator or daemon image (the shared node's
-imported ones are removed first, and put back after): it pulls both from the registry,
-over plain http as it does for a loopback address with no configuration.
+imported ones are removed first, content and all, and imported again after): it
+pulls both from the registry, over plain http as it does for a loopback address with
+no configuration.
 
 Then, in order: the pushed tags are immutable (a second push is refused); the operator
 Deployment and the daemon pod become Ready, running the images under the registry's
@@ -75,23 +76,35 @@ def _images(node: Node) -> dict[str, str]:
 
 
 def _without_local_copies(node: Node) -> dict[str, str]:
-    """Remove the operator and daemon images the node imported (every name they have),
-    their content with them; returns what was removed, to put back."""
-    removed = {ref: digest for ref, digest in _images(node).items() if ref.startswith(LOCAL_PREFIX)}
-    if removed:
+    """Remove the operator and daemon images the node imported, under every name they
+    have (the runtime's own ``sha256:<id>`` names too), their content with them;
+    returns the names removed, to put back."""
+    images = _images(node)
+    removed = {ref: digest for ref, digest in images.items() if ref.startswith(LOCAL_PREFIX)}
+    digests = set(removed.values())
+    names = [ref for ref, digest in images.items() if digest in digests]
+    if names:
         subprocess.run(
-            [*node.ctr(), "images", "rm", "--sync", *removed], capture_output=True, check=True
+            [*node.ctr(), "images", "rm", "--sync", *names], capture_output=True, check=True
         )
+    wait(
+        lambda: not digests & set(_images(node).values()),
+        "the imported operator and daemon images gone from containerd",
+        timeout=60,
+    )
     return removed
 
 
 def _restore(
     node: Node, images: dict[str, image_builder.BuiltImage], removed: dict[str, str]
 ) -> None:
+    """Import the operator and daemon archives again, under the names they had. The
+    pulled images stay (removing them while the runtime registers the imported names
+    again can leave the kubelet without them)."""
     for component in PULLED:
         node.import_image(images[component].archive)
     present = _images(node)
-    by_digest = {digest: ref for ref, digest in present.items()}
+    by_digest = {digest: ref for ref, digest in present.items() if ref.startswith(LOCAL_PREFIX)}
     for ref, digest in removed.items():
         if ref not in present and digest in by_digest:
             node.tag_image(by_digest[digest], ref)
@@ -178,9 +191,6 @@ def from_registry(
                 install.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", check=False)
                 wait_no_daemon_pods(node)
     finally:
-        for ref in _images(node):
-            if ref.startswith(registry.host):
-                subprocess.run([*node.ctr(), "images", "rm", "--sync", ref], check=False)
         _restore(node, node_images, removed)
 
 
