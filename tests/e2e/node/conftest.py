@@ -33,8 +33,6 @@ from hack.node.launcher import (
     node_unavailable,
     one_node_at_a_time,
 )
-from hack.registry import Registry
-from hack.registry import unavailable as registry_unavailable
 
 
 def node_skip_reason() -> str | None:
@@ -130,14 +128,3 @@ def stock_pod(name: str, image: str, script: str, **spec: Any) -> dict[str, Any]
             **spec,
         },
     }
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    """A plain-http OCI registry on 127.0.0.1 (``hack.registry``), its blobs under the
-    test's temp dir; stopped when the module's last test ends."""
-    why = registry_unavailable()
-    if why:
-        pytest.skip(why)
-    with Registry(tmp_path_factory.mktemp("registry")) as running:
-        yield running
