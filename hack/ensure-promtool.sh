@@ -14,16 +14,10 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     "install Debian's or Prometheus's promtool on PATH" >&2
   exit 1
 fi
-export DEBIAN_FRONTEND=noninteractive
 log=$(mktemp)
-policy=/usr/sbin/policy-rc.d
-made_policy=0
-if [ ! -e "$policy" ]; then
-  printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
-fi
-trap 'rm -f "$log"; [ "$made_policy" = 1 ] && rm -f "$policy"' EXIT
-install() { apt-get install -y -q --no-install-recommends prometheus >>"$log" 2>&1; }
-install || { apt-get update -q >>"$log" 2>&1 && install; }
+trap 'rm -f "$log"' EXIT
+. "$(dirname "$0")/apt-install.sh"
+apt_install "$log" --no-install-recommends prometheus
 if ! command -v promtool >/dev/null 2>&1; then
   tail -n 30 "$log" >&2
   echo "ensure-promtool: could not install Debian's prometheus package (apt-get's output" \

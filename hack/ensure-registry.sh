@@ -15,17 +15,10 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "ensure-registry: docker-registry or skopeo missing, and not root (or no apt-get)" >&2
   exit 1
 fi
-export DEBIAN_FRONTEND=noninteractive
 log=$(mktemp)
-policy=/usr/sbin/policy-rc.d
-own_policy=0
-if [ ! -e "$policy" ]; then
-  printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
-fi
-cleanup() { rm -f "$log"; [ "$own_policy" = 1 ] && rm -f "$policy"; }
-trap cleanup EXIT
-install() { apt-get install -y -q --no-install-recommends docker-registry skopeo >>"$log" 2>&1; }
-install || { apt-get update -q >>"$log" 2>&1 && install; }
+trap 'rm -f "$log"' EXIT
+. "$(dirname "$0")/apt-install.sh"
+apt_install "$log" --no-install-recommends docker-registry skopeo
 if command -v systemctl >/dev/null 2>&1; then
   systemctl disable docker-registry.service >/dev/null 2>&1 || true
 fi

@@ -14,11 +14,10 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "ensure-runc: not root or no apt-get; the runc container test will be skipped" >&2
   exit 0
 fi
-export DEBIAN_FRONTEND=noninteractive
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-install() { apt-get install -y -q runc busybox-static >>"$log" 2>&1; }
-install || { apt-get update -q >>"$log" 2>&1 && install; }
+. "$(dirname "$0")/apt-install.sh"
+apt_install "$log" runc busybox-static
 if ! have; then
   tail -n 30 "$log" >&2
   echo "ensure-runc: could not install runc and busybox-static (apt-get's output above);" \
