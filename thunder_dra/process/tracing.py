@@ -4,12 +4,13 @@ Spans are always made (so log lines carry `trace_id` and `span_id`); they leave 
 process only when an exporter is configured:
 
 - `OTEL_TRACES_EXPORTER`: `none` (the default), `console` (finished spans on stderr),
-  `otlp`, or a comma-separated list of these. `otlp` needs the
-  `opentelemetry-exporter-otlp-proto-http` package (or `-proto-grpc` with
-  `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`/`OTEL_EXPORTER_OTLP_PROTOCOL=grpc`), which is
-  not a dependency of this project: install it into the image; without it tracing
-  logs a warning and exports nothing. The exporter reads its own
-  `OTEL_EXPORTER_OTLP_*` variables (endpoint, headers, timeout).
+  `otlp`, or a comma-separated list of these. `otlp` sends OTLP/HTTP with protobuf
+  bodies, or OTLP/gRPC when `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` (or
+  `OTEL_EXPORTER_OTLP_PROTOCOL`) is `grpc`; both exporters
+  (`opentelemetry-exporter-otlp-proto-http` and `-proto-grpc`) are dependencies of the
+  package, so every install and image has them. The exporter reads its own
+  `OTEL_EXPORTER_OTLP_*` variables (endpoint, headers, timeout, compression,
+  `insecure`). An unknown protocol is logged as a warning and nothing goes over OTLP.
 - `OTEL_SERVICE_NAME`, or `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, names the
   service; the default is the process's own (`thunder-operator`, `thunder-dra-daemon`).
   `OTEL_RESOURCE_ATTRIBUTES` adds attributes; `service.version` defaults to the
@@ -74,8 +75,8 @@ def _otlp_exporter() -> SpanExporter | None:
         exporter_class = importlib.import_module(module).OTLPSpanExporter
     except ImportError:
         _log.warning(
-            "OTEL_TRACES_EXPORTER=otlp but the OTLP exporter package is not installed; "
-            "spans are not exported over OTLP",
+            "OTEL_TRACES_EXPORTER=otlp but the OTLP exporter package, a dependency, is "
+            "missing from this install; spans are not exported over OTLP",
             extra={"module": module},
         )
         return None
