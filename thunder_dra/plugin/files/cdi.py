@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from thunder_dra import fsutil
@@ -31,6 +32,7 @@ CDI_VENDOR = "thundercompute.com"
 CDI_CLASS = "gpu"
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
+_tracer = trace.get_tracer(__name__)
 
 CONFIG_CONTAINER_PATH = "/etc/thunder/config.json"
 LIBTHUNDER_CONTAINER_PATH = "/etc/thunder/libthunder.so"
@@ -273,7 +275,10 @@ class CdiSpecStore:
         if [d.name for d in spec.devices] != [expected]:
             raise CdiError(f"claim {claim_uid}: spec must hold exactly device {expected}")
         path = self.path_for(claim_uid)
-        await asyncio.to_thread(self._write_sync, path, spec.to_json())
+        with _tracer.start_as_current_span(
+            "thunder_dra.cdi_spec.write", attributes={"file.path": str(path)}
+        ):
+            await asyncio.to_thread(self._write_sync, path, spec.to_json())
         return path
 
     def _write_sync(self, path: Path, content: bytes) -> None:

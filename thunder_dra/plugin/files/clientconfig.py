@@ -18,11 +18,13 @@ import shutil
 from pathlib import Path
 from typing import Protocol
 
+from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from thunder_dra import fsutil
 
 CONFIG_FILE_NAME = "config.json"
+_tracer = trace.get_tracer(__name__)
 DEFAULT_TELEMETRY_COLLECTOR = "https://telemetry.thundercompute.com:2096"
 CLAIM_DIR_MODE = 0o700
 CONFIG_FILE_MODE = 0o644
@@ -140,8 +142,14 @@ def _write_sync(directory: Path, content: bytes) -> Path:
 
 
 async def write_client_config(directory: Path, config: ClientConfig) -> Path:
-    """Write ``config.json`` atomically into the claim's directory; returns its path."""
-    return await asyncio.to_thread(_write_sync, directory, config.to_json())
+    """Write ``config.json`` atomically into the claim's directory; returns its path.
+
+    Its span names the file, never what it holds (the client's credential)."""
+    path = directory / CONFIG_FILE_NAME
+    with _tracer.start_as_current_span(
+        "thunder_dra.client_config.write", attributes={"file.path": str(path)}
+    ):
+        return await asyncio.to_thread(_write_sync, directory, config.to_json())
 
 
 async def read_client_config(directory: Path) -> ClientConfig:

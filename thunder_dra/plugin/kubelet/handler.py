@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from opentelemetry.trace import Status, StatusCode, Tracer
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from prometheus_client import CollectorRegistry, Gauge
 
 from thunder_dra.kube.errors import KubeError
@@ -41,6 +41,8 @@ from thunder_dra.plugin.state.locks import KeyedLocks, NodeSerializeLock
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 DEFAULT_CLAIM_CONCURRENCY = 20  # --claim-concurrency
+# The kubelet's DRA service (v1 and v1beta1 alike), as the call spans name it.
+_DRA_SERVICE = "DRAPlugin"
 
 
 class ClaimSlots:
@@ -147,7 +149,24 @@ class ClaimService:
             results = await asyncio.gather(*(self._prepare_one(c) for c in claims))
             return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
-        return await self._shielded(self._under_node_lock(all_claims))
+        with self._call_span("NodePrepareResources", claims):
+            return await self._shielded(self._under_node_lock(all_claims))
+
+    def _call_span(
+        self, method: str, claims: Sequence[ClaimRef]
+    ) -> contextlib.AbstractContextManager[object]:
+        """The kubelet's call as a server span, the parent of its claims' spans (the claim
+        work, shielded, runs in a task that inherits it)."""
+        return self._tracer.start_as_current_span(
+            f"{_DRA_SERVICE}/{method}",
+            kind=SpanKind.SERVER,
+            attributes={
+                "rpc.system": "grpc",
+                "rpc.service": _DRA_SERVICE,
+                "rpc.method": method,
+                "thunder_dra.claims": len(claims),
+            },
+        )
 
     async def _prepare_one(self, ref: ClaimRef) -> PreparedClaim | str:
         fields = {"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name}
@@ -221,7 +240,8 @@ class ClaimService:
             errors = await asyncio.gather(*(self._unprepare_one(c) for c in claims))
             return {c.uid: e for c, e in zip(claims, errors, strict=True)}
 
-        return await self._shielded(self._under_node_lock(all_claims))
+        with self._call_span("NodeUnprepareResources", claims):
+            return await self._shielded(self._under_node_lock(all_claims))
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
         fields = {"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name}

@@ -36,6 +36,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
@@ -43,6 +44,7 @@ from thunder_dra import fsutil
 
 CHECKPOINT_VERSION = 1
 CHECKPOINT_FILE_NAME = "checkpoint.json"
+_tracer = trace.get_tracer(__name__)
 
 # (path, content, mode): replace the file atomically and durably, or raise OSError.
 CheckpointWriter = Callable[[Path, bytes, int], None]
@@ -333,7 +335,11 @@ class CheckpointStore:
             try:
                 # Encoded in the writer thread too: O(prepared claims), off the event
                 # loop. The snapshot is immutable (frozen models, a dict never mutated).
-                await asyncio.to_thread(self._write_sync, snapshot)
+                with _tracer.start_as_current_span(
+                    "thunder_dra.checkpoint.write",
+                    attributes={"thunder_dra.checkpoint.claims": len(snapshot.claims)},
+                ):
+                    await asyncio.to_thread(self._write_sync, snapshot)
             except Exception:
                 # The file is unchanged (atomic write). Undone under the lock, so the next
                 # write, whoever makes it, no longer carries this change.

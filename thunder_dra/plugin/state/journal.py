@@ -37,12 +37,14 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
+from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from thunder_dra import fsutil
 
 ENTRY_SUFFIX = ".json"
+_tracer = trace.get_tracer(__name__)
 
 
 class JournalError(Exception):
@@ -126,7 +128,10 @@ class MintJournal:
             claim_namespace=claim_namespace,
             claim_name=claim_name,
         )
-        await asyncio.to_thread(self._store_sync, entry)
+        with _tracer.start_as_current_span(
+            "thunder_dra.journal.begin", attributes={"thunder_dra.mint.purpose": str(purpose)}
+        ):
+            await asyncio.to_thread(self._store_sync, entry)
         return entry
 
     async def record_token_id(self, entry_id: str, enrollment_token_id: str) -> JournalEntry:
@@ -144,7 +149,8 @@ class MintJournal:
     async def close(self, entry_id: str) -> bool:
         """Delete an entry once its result is recorded elsewhere; True if it was open."""
         async with self._lock_for(entry_id):
-            removed = await asyncio.to_thread(self._close_sync, entry_id)
+            with _tracer.start_as_current_span("thunder_dra.journal.close"):
+                removed = await asyncio.to_thread(self._close_sync, entry_id)
         self._locks.pop(entry_id, None)
         return removed
 
@@ -172,7 +178,11 @@ class MintJournal:
         async with self._lock_for(entry_id):
             try:
                 # Read, change and durably rewrite in one worker-thread hop.
-                return await asyncio.to_thread(self._update_sync, entry_id, changes)
+                with _tracer.start_as_current_span(
+                    "thunder_dra.journal.record",
+                    attributes={"thunder_dra.journal.fields": sorted(changes)},
+                ):
+                    return await asyncio.to_thread(self._update_sync, entry_id, changes)
             except JournalEntryNotFound:
                 self._locks.pop(entry_id, None)
                 raise
