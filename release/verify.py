@@ -1,8 +1,9 @@
 # Offline and local-control-plane verification of everything the project ships for
 # installation (make verify):
 #   1. helm lint of the chart and the test charts;
-#   2. the chart rendered with its defaults and with every values file in examples/,
-#      the test charts as the seed uses them, config/default and config/samples;
+#   2. the chart rendered with its defaults, with every values file in examples/ and
+#      with every prometheus-operator object on, the test charts as the seed uses them,
+#      config/default, config/samples and config/prometheus/monitors;
 #   3. the CRDs in charts/, config/ and bundle/ byte-identical to crds/;
 #   4. the chart README, bundle/ and the admission policies generated from
 #      thunder_dra/kube/admissionpolicy.py up to date; the bundle passing the
@@ -11,9 +12,10 @@
 #      --validate=strict` on a throwaway local control plane per version (1.34
 #      emulated and 1.37), after creating the namespaces, CRDs and ServiceAccounts
 #      for real.
-# Kinds whose CRDs belong to other projects (cert-manager, prometheus-operator,
-# KubeVirt) get permissive stand-in CRDs there, so only their metadata is checked;
-# the report says so.
+# The prometheus-operator kinds are checked against that project's own CRDs, of the
+# release hack/tools/prometheus-operator pins (hack/monitoring_crds.py). Kinds whose CRDs
+# belong to other projects (cert-manager, KubeVirt) get permissive stand-in CRDs there,
+# so only their metadata is checked; the report says so.
 #
 #   .venv/bin/python -m release.verify [--versions 1.34,1.37] [--skip-cluster]
 """make verify: render, compare, validate and server-side dry-run everything."""
@@ -33,6 +35,7 @@ from typing import Any, Final
 
 import yaml
 
+from hack import monitoring_crds
 from hack.cluster import Cluster, ClusterConfig, binaries
 from release import bundle, helm_docs
 from thunder_dra.kube import admissionpolicy
@@ -46,11 +49,11 @@ TEST_CHARTS: Final = {
 NAMESPACE: Final = "thunder-system"
 WORKLOAD_NAMESPACE: Final = "thunder-test"
 # Third-party kinds the chart and test charts may render: (group, version, kind,
-# plural, scope). Their real schemas are not available here.
+# plural, scope). Their real schemas are not available here; prometheus-operator's are
+# (hack.monitoring_crds).
 STAND_INS: Final = (
     ("cert-manager.io", "v1", "Certificate", "certificates", "Namespaced"),
     ("cert-manager.io", "v1", "Issuer", "issuers", "Namespaced"),
-    ("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors", "Namespaced"),
     ("kubevirt.io", "v1", "VirtualMachine", "virtualmachines", "Namespaced"),
 )
 
@@ -108,6 +111,15 @@ def renders() -> list[Rendered]:
     for example in sorted((CHART / "examples").glob("*.yaml")):
         text = helm_template(CHART, "tdp", NAMESPACE, "-f", str(example))
         out.append(Rendered(f"chart + examples/{example.name}", NAMESPACE, text))
+    monitoring = ("serviceMonitor", "podMonitor", "prometheusRule")
+    args = [a for m in monitoring for a in ("--set", f"metrics.{m}.enabled=true")]
+    out.append(
+        Rendered(
+            "chart + every prometheus-operator object",
+            NAMESPACE,
+            helm_template(CHART, "tdp", NAMESPACE, *args),
+        )
+    )
     out.append(
         Rendered(
             "charts/tests/pod (gpu.type=A6000, gpu.count=2)",
@@ -138,7 +150,7 @@ def renders() -> list[Rendered]:
             ),
         )
     )
-    for overlay in ("default", "samples"):
+    for overlay in ("default", "samples", "prometheus/monitors"):
         done = _run([_tool("kubectl"), "kustomize", str(REPO / "config" / overlay)])
         if done.returncode:
             raise Failure(f"kubectl kustomize config/{overlay}: {done.stderr}")
@@ -232,7 +244,11 @@ def dry_run(version: str, rendered: list[Rendered]) -> list[str]:
                 for ns in (NAMESPACE, WORKLOAD_NAMESPACE)
             ]
             setup += [_stand_in(*s) for s in STAND_INS]
-            crd_files = sorted((REPO / "crds").glob("*.yaml"))
+            try:
+                monitoring = list(monitoring_crds.crd_paths().values())
+            except monitoring_crds.MonitoringCRDError as err:
+                raise Failure(f"prometheus-operator CRDs: {err}") from err
+            crd_files = sorted((REPO / "crds").glob("*.yaml")) + monitoring
             for doc in setup:
                 done = kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(doc))
                 if done.returncode:

@@ -23,6 +23,7 @@ from thunder_dra.controllers.workload.daemonset import SCRAPE_ANNOTATIONS, selec
 
 RULES = CHART / "files" / "alerts.yaml"
 RULE_TESTS = REPO / "tests" / "promtool" / "alerts_test.yaml"
+CONFIG_POD_MONITOR = REPO / "config" / "prometheus" / "monitors" / "daemon_monitor.yaml"
 RUNBOOKS = REPO / "docs" / "observability.md"
 RUNBOOK_BASE = (
     "https://github.com/thunder-compute/thunder-device-plugin/blob/main/docs/observability.md#"
@@ -126,7 +127,7 @@ def test_daemon_pod_monitor_is_opt_in_and_selects_the_daemon_pods() -> None:
 
 
 def test_config_daemon_pod_monitor_selects_the_daemon_pods() -> None:
-    monitor = yaml.safe_load((REPO / "config" / "prometheus" / "daemon_monitor.yaml").read_text())
+    monitor = yaml.safe_load(CONFIG_POD_MONITOR.read_text())
     assert monitor["kind"] == "PodMonitor"
     assert monitor["spec"]["selector"] == {"matchLabels": selector_labels()}
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
@@ -138,7 +139,7 @@ def test_config_daemon_pod_monitor_selects_the_daemon_pods() -> None:
 
 def test_chart_and_config_monitors_scrape_alike() -> None:
     chart = render("--set", "metrics.podMonitor.enabled=true").one("PodMonitor")["spec"]
-    config = yaml.safe_load((REPO / "config" / "prometheus" / "daemon_monitor.yaml").read_text())
+    config = yaml.safe_load(CONFIG_POD_MONITOR.read_text())
     chart_endpoint = chart["podMetricsEndpoints"][0]
     config_endpoint = config["spec"]["podMetricsEndpoints"][0]
     for key in ("port", "path", "relabelings"):
