@@ -154,6 +154,7 @@ def test_one_prepare_is_one_trace_and_no_span_carries_a_credential(
         timeout=60,
     )
     undone = _call_trace(spans, "NodeUnprepareResources", claim.uid)
+    print("one unprepare:\n" + "\n".join(tree(undone)))
     [call] = [s for s in undone if s.parent_id is None]
     unprepare = _one(undone, "thunder_dra.unprepare")
     assert unprepare.parent_id == call.span_id
