@@ -35,18 +35,25 @@ def receiver() -> Iterator[OtlpReceiver]:
         yield started
 
 
+def _exporting(
+    kube: Kube, fake: FakeThunderProcess, pool: ZonePool, protocol: str, endpoint: str
+) -> NodeHarness:
+    harness = NodeHarness(kube, fake, zone=pool.zone)
+    harness.daemon.environment = {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        # Batches leave every 200 ms instead of 5 s; no test waits on the default.
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }
+    return harness
+
+
 @pytest.fixture(scope="module")
 def node(
     kube: Kube, fake: FakeThunderProcess, pool: ZonePool, receiver: OtlpReceiver
 ) -> Iterator[NodeHarness]:
-    with NodeHarness(kube, fake, zone=pool.zone) as harness:
-        harness.daemon.environment = {
-            "OTEL_TRACES_EXPORTER": "otlp",
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
-            # Batches leave every 200 ms instead of 5 s; no test waits on the default.
-            "OTEL_BSP_SCHEDULE_DELAY": "200",
-        }
+    with _exporting(kube, fake, pool, "http/protobuf", receiver.http_endpoint) as harness:
         harness.daemon.start().wait_serving()
         yield harness
 
@@ -173,3 +180,29 @@ def test_one_prepare_is_one_trace_and_no_span_carries_a_credential(
         for text in span.texts():
             leaked = [secret for secret in secrets if secret in text]
             assert not leaked, f"a credential is in span {span.name}: {text!r}"
+
+
+def test_the_daemon_exports_over_otlp_grpc_too(
+    kube: Kube, fake: FakeThunderProcess, pool: ZonePool, namespace: str
+) -> None:
+    """The protocol the chart sets by default, in the process that serves the kubelet
+    with gRPC itself."""
+    with (
+        OtlpReceiver() as receiver,
+        _exporting(kube, fake, pool, "grpc", receiver.grpc_endpoint) as harness,
+    ):
+        harness.daemon.start().wait_serving()
+        [claim] = allocated_claims(kube, namespace, pool, 1, prefix="grpc")
+        assert dra_prepare(harness.daemon, [claim])[claim.uid].error == ""
+        spans = receiver.wait_for(
+            lambda got: (
+                MINT in {s.name for s in _call_trace(got, "NodePrepareResources", claim.uid)}
+            ),
+            timeout=60,
+        )
+        assert dra_unprepare(harness.daemon, [claim])[claim.uid].error == ""
+    trace = _call_trace(spans, "NodePrepareResources", claim.uid)
+    assert {s.transport for s in trace} == {"grpc"}
+    [call] = [s for s in trace if s.parent_id is None]
+    assert call.name == "DRAPlugin/NodePrepareResources"
+    assert _one(trace, "thunder_dra.prepare").parent_id == call.span_id
