@@ -1,6 +1,7 @@
 """The driver's ValidatingAdmissionPolicies: defined once, rendered for every install path.
 
-Three policies (``admissionregistration.k8s.io/v1``), each with a binding that denies:
+Five policies (``admissionregistration.k8s.io/v1``), each with a binding that denies.
+Three narrow what the driver itself writes:
 
 - **daemon-setup-secrets**: the daemon's ServiceAccount may create, update and delete
   only ``<claim>-thunder-setup`` Secrets owned by that ResourceClaim and annotated with
@@ -10,6 +11,10 @@ Three policies (``admissionregistration.k8s.io/v1``), each with a binding that d
   ``spec.nodeName`` is its own node;
 - **client-writers**: only the driver's ServiceAccounts (daemon, operator) create or
   update Clients (status included); anyone else may only remove finalizers.
+
+Two more hold everyone, the driver too: **one-model-per-claim** refuses claims that ask
+one Thunder client for two GPU models, **no-admin-access** claims that ask a Thunder GPU
+for admin access (see their builders).
 
 "Its own node" is the node name the API server puts in the credential of a token bound
 to a Pod (``authentication.kubernetes.io/node-name`` in ``request.userInfo.extra``,
@@ -62,10 +67,16 @@ SUFFIXES: Final = (
     "daemon-clients",
     "client-writers",
     "one-model-per-claim",
+    "no-admin-access",
 )
 DEFAULT_DEVICE_CLASS_PREFIX: Final = "thunder-gpu-"
 DEFAULT_EXTENDED_RESOURCE_PREFIX: Final = f"{DOMAIN}/gpu-"
 ONE_MODEL_REASON: Final = "a Thunder client serves one zone and one GPU model"
+ADMIN_ACCESS_UNSUPPORTED: Final = "admin access is not supported by Thunder GPUs"
+ADMIN_ACCESS_REASON: Final = (
+    "a Thunder GPU cannot be shared for admin access; each claim gets its own Thunder client"
+)
+"""Why admin access is refused, at admission and by the daemon."""
 OPERATOR_PREFIX: Final = "thunder-dra"
 """Name prefix of the policies an operator applies itself (one driver per cluster), so
 its RBAC can name them (``resourceNames``)."""
@@ -88,7 +99,8 @@ class Identity:
     name_prefix: str
     """Prefix of the (cluster-scoped) policy and binding names."""
     device_class_prefix: str = DEFAULT_DEVICE_CLASS_PREFIX
-    """Names of the per-model DeviceClasses start with it (``one-model-per-claim``)."""
+    """Names of the per-model DeviceClasses start with it (``one-model-per-claim``,
+    ``no-admin-access``)."""
     extended_resource_prefix: str = DEFAULT_EXTENDED_RESOURCE_PREFIX
     """Names of the per-model extended resources start with it (``one-model-per-claim``)."""
 
@@ -457,6 +469,69 @@ def _one_model_per_claim(identity: Identity) -> dict[str, Any]:
     return _policy(identity, "one-model-per-claim", rules, variables, validations)
 
 
+def _no_admin_access(identity: Identity) -> dict[str, Any]:
+    """No claim asks a Thunder GPU for admin access.
+
+    Admin access (``exactly.adminAccess: true``, allowed in namespaces labelled
+    ``resource.kubernetes.io/admin-access: "true"``) lets a claim get a device another
+    claim already holds, for monitoring. A Thunder GPU has no monitoring-only side: the
+    daemon would enroll a full Thunder client for it, so the zone would serve more
+    clients than its pool publishes. Refused: a ResourceClaim, or a
+    ResourceClaimTemplate's claim, with a request whose ``exactly`` sets ``adminAccess``
+    for a DeviceClass starting with the DeviceClass prefix (a ``firstAvailable``
+    subrequest has no ``adminAccess`` field). Other drivers' classes are accepted; an
+    empty prefix turns the check off (the daemon still refuses to prepare such a claim).
+    The rule names version ``v1`` only: a request in another served version reaches the
+    policy converted to it (``matchPolicy: Equivalent``, the default). Only CREATE is
+    checked: a claim's and a template's spec cannot change.
+    """
+    rules = [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"],
+            "operations": ["CREATE"],
+        }
+    ]
+    admin = (
+        "variables.classPrefix != '' && r.?exactly.?adminAccess.orValue(false)"
+        " && r.exactly.?deviceClassName.orValue('').startsWith(variables.classPrefix)"
+    )
+    variables = [
+        {"name": "classPrefix", "expression": _cel_string(identity.device_class_prefix)},
+        {
+            "name": "claimRequests",
+            "expression": (
+                "request.resource.resource == 'resourceclaimtemplates'"
+                " ? object.spec.?spec.?devices.?requests.orValue([])"
+                " : object.spec.?devices.?requests.orValue([])"
+            ),
+        },
+        {
+            "name": "adminRequests",
+            "expression": (
+                f"variables.claimRequests.filter(r, {admin})"
+                ".map(r, r.name + ', DeviceClass ' + r.exactly.deviceClassName)"
+            ),
+        },
+    ]
+    validations = [
+        {
+            "expression": "size(variables.adminRequests) == 0",
+            "messageExpression": (
+                f"'{ADMIN_ACCESS_UNSUPPORTED} (request ' + variables.adminRequests[0]"
+                f" + ' sets adminAccess): {ADMIN_ACCESS_REASON}'"
+            ),
+            "message": (
+                f"{ADMIN_ACCESS_UNSUPPORTED} (a request for a Thunder DeviceClass sets"
+                f" adminAccess): {ADMIN_ACCESS_REASON}"
+            ),
+            "reason": "Invalid",
+        }
+    ]
+    return _policy(identity, "no-admin-access", rules, variables, validations)
+
+
 def policies(identity: Identity) -> list[dict[str, Any]]:
     """Every policy and its binding, for one install."""
     out: list[dict[str, Any]] = []
@@ -465,6 +540,7 @@ def policies(identity: Identity) -> list[dict[str, Any]]:
         _daemon_clients(identity),
         _client_writers(identity),
         _one_model_per_claim(identity),
+        _no_admin_access(identity),
     ):
         out.append(policy)
         suffix = policy["metadata"]["name"][len(identity.name_prefix) + 1 :]
