@@ -13,7 +13,11 @@ model label, then by pool name and its newest generation; answers are cached bri
 since a pool name keeps its meaning for as long as the pool exists.
 
 A Thunder client is enrolled for one zone and one model, so a claim whose devices of this
-driver come from two pools is refused with a clear error rather than half-served.
+driver come from two pools is refused with a clear error rather than half-served. So is
+a claim allocated with admin access (``adminAccess``): a Thunder GPU has no
+monitoring-only side, and a full client for it would make the zone serve more clients
+than its pool publishes (the ``no-admin-access`` admission policy refuses such claims
+earlier, where it is installed).
 
 The zone's Thunder ID is resolved by display name (thunder-api.md 2.1: the smallest ID
 among duplicates) and cached for a few seconds. Both lookups are single-flight:
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from thunder_dra.kube import bodies, naming
+from thunder_dra.kube.admissionpolicy import ADMIN_ACCESS_REASON, ADMIN_ACCESS_UNSUPPORTED
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.plugin.errors import ClaimError
@@ -155,6 +160,14 @@ def parse_claim(claim: Mapping[str, Any], uid: str, driver: str) -> ClaimAllocat
     ours = [r for r in bodies.allocation_results(claim) if r.get("driver") == driver]
     if not ours:
         raise ClaimError(f"no device of driver {driver} is allocated")
+    admin = sorted(
+        {_base_request(str(r.get("request", ""))) for r in ours if r.get("adminAccess") is True}
+    )
+    if admin:
+        raise ClaimError(
+            f"{ADMIN_ACCESS_UNSUPPORTED} (request {', '.join(admin)} allocated with adminAccess): "
+            f"{ADMIN_ACCESS_REASON}"
+        )
     allocated = tuple(_device(r) for r in ours)
     pools = sorted({d.pool_name for d in allocated})
     if len(pools) != 1:
