@@ -15,6 +15,8 @@ unexport PYTHONDONTWRITEBYTECODE
 # As root (CI, these machines) the real-node tests and demo run: build what they need
 # first (node components, images). Elsewhere they skip or fall back, saying why.
 NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-tools image)
+# The real-node tests also scrape the chart's pods with a real Prometheus.
+NODE_TEST_PREREQS := $(if $(filter 0,$(shell id -u)),prometheus)
 
 .PHONY: help
 help: ## List the targets
@@ -67,13 +69,13 @@ check: lint typecheck unit helm-lint helm-schema ## Lint, type-check, unit tests
 THUNDER_STRICT_SKIPS ?= 1
 
 .PHONY: test
-test: $(STAMP) tools $(NODE_PREREQS) ## Every test: unit, integration (local control plane), end-to-end, the real node (root)
+test: $(STAMP) tools $(NODE_PREREQS) $(NODE_TEST_PREREQS) ## Every test: unit, integration (local control plane), end-to-end, the real node (root)
 	@hack/ensure-runc.sh
 	@hack/ensure-promtool.sh
 	THUNDER_STRICT_SKIPS=$(THUNDER_STRICT_SKIPS) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: test-local
-test-local: $(STAMP) tools $(NODE_PREREQS) ## Integration and end-to-end tests on the embedded local control plane (and the real node, as root)
+test-local: $(STAMP) tools $(NODE_PREREQS) $(NODE_TEST_PREREQS) ## Integration and end-to-end tests on the embedded local control plane (and the real node, as root)
 	@hack/ensure-runc.sh
 	@hack/ensure-promtool.sh
 	THUNDER_STRICT_SKIPS=$(THUNDER_STRICT_SKIPS) $(VENV)/bin/pytest -m "integration or e2e" $(PYTEST_ARGS)
@@ -134,12 +136,16 @@ image-docker: ## Operator and daemon images from containers/ with docker (needs 
 node-tools: ## Build (once, cached) kubelet, containerd and the pause image; install runc, CNI plugins (root)
 	@hack/build-node-tools.sh >/dev/null
 
+.PHONY: prometheus
+prometheus: ## Build (once, cached) the Prometheus server the real-node tests scrape the chart with
+	@hack/build-prometheus.sh >/dev/null
+
 .PHONY: node
 node: $(STAMP) tools node-tools image ## Local control plane plus a real node (kubelet, containerd) until Ctrl-C (root)
 	$(PY) -m hack.node run $$($(PY) -m hack.image print | awk '{print "--image", $$2}')
 
 .PHONY: test-node
-test-node: $(STAMP) tools node-tools image ## Only the real-node tests (tests/e2e/node; root): images via runc, the chart on a kubelet + containerd node
+test-node: $(STAMP) tools node-tools image prometheus ## Only the real-node tests (tests/e2e/node; root): images via runc, the chart on a kubelet + containerd node
 	$(VENV)/bin/pytest tests/e2e/node $(PYTEST_ARGS)
 
 .PHONY: node-cleanup
