@@ -2,7 +2,8 @@
 
 A Thunder GPU has no monitoring-only side: preparing an admin-access claim would enroll
 a second full client for a device another claim holds. The daemon refuses it per claim,
-for clusters where the ``no-admin-access`` admission policy is not installed.
+for clusters where the ``no-admin-access`` admission policy is not installed; the rebuild
+of a lost checkpoint revokes, rather than re-adopts, a client such a claim got earlier.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from thunder_dra.kube.resources import EVENTS
 from thunder_dra.plugin.claims.allocation import parse_claim
 from thunder_dra.plugin.errors import ClaimError
 from thunder_dra.plugin.metrics import ErrorReason
-from thunder_dra.plugin.state.checkpoint import PreparedClaim
+from thunder_dra.plugin.state.checkpoint import CHECKPOINT_FILE_NAME, PreparedClaim
 
 UID = "uid-1"
 
@@ -94,4 +95,21 @@ async def test_an_admin_access_claim_fails_alone_and_nothing_is_enrolled_for_it(
     assert world.open_journal_entries() == []
 
     assert await daemon.unprepare(fine) == {fine.uid: ""}
+    world.assert_clean()
+
+
+async def test_a_lost_checkpoint_revokes_a_client_an_admin_access_claim_got_earlier(
+    world: World,
+) -> None:
+    """A daemon without this check prepared an admin-access claim; the checkpoint is then
+    lost. Its Client record is revoked, not re-adopted (docs/daemon.md)."""
+    daemon = await world.start()
+    ref = world.claim("monitor")
+    prepared = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(prepared, PreparedClaim), prepared
+    await daemon.stop()
+    world.claim_object(ref)["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    (daemon.config.state_dir / CHECKPOINT_FILE_NAME).unlink()
+    await world.start()
+    assert world.checkpoint_claims() == {}
     world.assert_clean()
