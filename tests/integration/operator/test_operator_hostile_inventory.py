@@ -2,7 +2,8 @@
 
 - a shrinking answer (an empty zone list with HTTP 200, a zone that vanishes, a pool
   losing more than `maxShrinkPercent`) is held until it repeats `confirmPasses` passes,
-  with a Warning and `InventorySuspect`; devices allocated to a ResourceClaim are never
+  with a Warning and `InventorySuspect`, the devices it would withdraw tainted at once
+  (`thundercompute.com/unbacked`, NoSchedule); devices allocated to a ResourceClaim are never
   withdrawn, nor their pool and DeviceClass;
 - vendor numbers above `spec.operator.limits` are clamped with a Warning; a host
   reporting 5,000,000 GPUs publishes `maxGPUsPerHost` devices, the operator keeps
@@ -87,6 +88,17 @@ def allocate(env: OperatorEnv, namespace: str, name: str, pool: str, device: str
     )
 
 
+def unbacked(env: OperatorEnv, pool: str) -> dict[str, str]:
+    """Device -> the value of its thundercompute.com/unbacked NoSchedule taint."""
+    return {
+        device["name"]: taint["value"]
+        for piece in env.slices(pool)
+        for device in piece["spec"]["devices"]
+        for taint in device.get("taints") or []
+        if taint["key"] == "thundercompute.com/unbacked" and taint["effect"] == "NoSchedule"
+    }
+
+
 def suspect(env: OperatorEnv) -> dict[str, Any]:
     return env.condition("InventorySuspect")
 
@@ -107,7 +119,14 @@ def test_an_empty_zone_list_is_held_until_confirmed_and_allocated_devices_stay(
     env.fake.admin.add_fault("/api/v1/zones", method="GET", status=200, body={"zones": []})
     try:
         env.sync()
-        assert versions(env, [held_pool, gone_pool]) == before, "an empty answer is held"
+        # Held, not withdrawn: the devices are tainted at once, the slices keep them.
+        assert env.devices(held_pool) == [f"{label}-{i}" for i in range(4)]
+        assert env.devices(gone_pool) == [f"{label}-0", f"{label}-1"]
+        assert versions(env, [held_pool, gone_pool]).keys() == before.keys()
+        for pool in (held_pool, gone_pool):
+            assert set(unbacked(env, pool).values()) == {"ZoneNotListed"}, pool
+            assert len(unbacked(env, pool)) == len(env.devices(pool)), pool
+        before = versions(env, [held_pool, gone_pool])
         condition = suspect(env)
         assert condition["status"] == "True", condition
         for name in (held_pool, gone_pool, held_zone, gone_zone):
@@ -123,6 +142,7 @@ def test_an_empty_zone_list_is_held_until_confirmed_and_allocated_devices_stay(
         env.sync()  # the third pass with the same answer: applied
         assert env.slices(gone_pool) == []
         assert env.devices(held_pool) == [f"{label}-3"], "the allocated device stays"
+        assert unbacked(env, held_pool) == {f"{label}-3": "ZoneNotListed"}, "tainted"
         assert env.device_class(f"thunder-gpu-{label}") is not None, "and its DeviceClass"
         assert suspect(env)["status"] == "False"
         assert any(gone_pool in e["message"] for e in env.events("InventoryShrinkConfirmed"))
@@ -131,6 +151,7 @@ def test_an_empty_zone_list_is_held_until_confirmed_and_allocated_devices_stay(
 
     env.sync()
     assert env.devices(gone_pool) == [f"{label}-0", f"{label}-1"], "growing is applied at once"
+    assert unbacked(env, held_pool) == {}, "backed again: the taint goes"
 
 
 def test_a_vanished_zone_and_a_halved_pool_are_held_a_small_shrink_is_not(

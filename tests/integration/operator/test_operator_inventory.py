@@ -20,6 +20,18 @@ def pool_status(env: OperatorEnv, pool: str) -> dict[str, object]:
     return {}
 
 
+def unbacked(env: OperatorEnv, pool: str) -> dict[str, str]:
+    """Device -> the value of its thundercompute.com/unbacked NoSchedule taint."""
+    found = {}
+    for piece in env.slices(pool):
+        for device in piece["spec"]["devices"]:
+            for taint in device.get("taints") or []:
+                if taint["key"] == "thundercompute.com/unbacked":
+                    assert taint["effect"] == "NoSchedule"
+                    found[device["name"]] = taint["value"]
+    return found
+
+
 def test_four_a6000_at_target_one_and_a_half_publish_six(env: OperatorEnv) -> None:
     zone = env.zone("first")
     zone_id = env.add_zone(zone, [("A6000", 4)])
@@ -116,11 +128,17 @@ def test_growing_and_shrinking_keep_device_indices(env: OperatorEnv) -> None:
     assert env.slices(pool)[0]["spec"]["pool"]["generation"] == first_generation + 1
 
     env.fake.admin.patch_host(host["hostId"], {"gpuCount": 2})
-    # Losing more than half is held until the same answer came 3 passes (inventoryProtection).
-    for _ in range(3):
-        env.sync()
+    # Losing more than half is held until the same answer came 3 passes (inventoryProtection):
+    # the first held pass taints the 4 devices Thunder no longer backs, the second writes
+    # nothing, the third withdraws them.
+    env.sync()
+    assert env.devices(pool) == [f"a6000-{i}" for i in range(6)], "held, not withdrawn"
+    assert unbacked(env, pool) == {f"a6000-{i}": "HostsOffline" for i in range(2, 6)}
+    env.sync()
+    env.sync()
     assert env.devices(pool) == ["a6000-0", "a6000-1"], "shrinking removes the highest indices"
-    assert env.slices(pool)[0]["spec"]["pool"]["generation"] == first_generation + 2
+    assert unbacked(env, pool) == {}
+    assert env.slices(pool)[0]["spec"]["pool"]["generation"] == first_generation + 3
     resized = " ".join(e["message"] for e in env.events("PoolsResized"))
     assert f"{pool} 4->6" in resized
     assert f"{pool} 6->2" in resized
@@ -133,13 +151,14 @@ def test_pools_of_200_and_2000_devices_are_split_into_slices(env: OperatorEnv) -
     env.add_zone(large, [("H100", 50)] * 40)
     env.sync()
 
-    for zone, devices, slices in ((small, 200, 2), (large, 2000, 16)):
+    # 64 devices per slice: the most a slice with a tainted device may hold.
+    for zone, devices, slices in ((small, 200, 4), (large, 2000, 32)):
         pool = f"{zone}/h100"
         pieces = env.slices(pool)
         assert len(pieces) == slices, pool
         assert {p["spec"]["pool"]["resourceSliceCount"] for p in pieces} == {slices}
         assert len({p["spec"]["pool"]["generation"] for p in pieces}) == 1
-        assert all(len(p["spec"]["devices"]) <= 128 for p in pieces)
+        assert all(len(p["spec"]["devices"]) <= 64 for p in pieces)
         names = env.devices(pool)
         assert names == [f"h100-{i}" for i in range(devices)], "each device once, in order"
         assert pool_status(env, pool)["published"] == devices
@@ -190,8 +209,13 @@ def test_thunder_outage_keeps_every_pool(env: OperatorEnv) -> None:
     fault = env.fake.admin.add_fault("/api/v1/zones", method="GET", status=503)
     try:
         env.sync()
-        after = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in env.slices()}
-        assert after == before, "an outage changes no published object"
+        after = {s["metadata"]["name"] for s in env.slices()}
+        assert after == set(before), "an outage withdraws nothing"
+        assert env.devices(f"{zone}/a6000") == ["a6000-0", "a6000-1"]
+        assert unbacked(env, f"{zone}/a6000") == {
+            "a6000-0": "ThunderUnreachable",
+            "a6000-1": "ThunderUnreachable",
+        }, "every device is tainted at once"
         reachable = env.condition("ThunderReachable")
         assert reachable["status"] == "False"
         assert reachable["reason"] == "ServerError"
@@ -207,7 +231,8 @@ def test_thunder_outage_keeps_every_pool(env: OperatorEnv) -> None:
     fault = env.fake.admin.add_fault("/api/v1/hosts", method="GET", status=502)
     try:
         env.sync()
-        assert env.slices(f"{zone}/a6000"), "the unreadable zone keeps its pool"
+        assert env.devices(f"{zone}/a6000") == ["a6000-0", "a6000-1"], "the zone keeps its pool"
+        assert set(unbacked(env, f"{zone}/a6000").values()) == {"ZoneUnreadable"}
         assert env.condition("ThunderReachable")["reason"] == "ZonesUnreadable"
     finally:
         httpx.delete(f"{env.fake.base_url}/_admin/faults/{fault}").raise_for_status()

@@ -40,11 +40,16 @@ CONFIG = InventoryConfig(owner=OWNER)
 class FakeApiServer:
     """Stores what the plan writes the way the API server would hand it back."""
 
-    def __init__(self, *, drops_extended_resource: bool = False) -> None:
+    def __init__(
+        self, *, drops_extended_resource: bool = False, drops_taints: bool = False
+    ) -> None:
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.drops_extended_resource = drops_extended_resource
+        self.drops_taints = drops_taints
+        """As an API server with DRADeviceTaints off (1.34, 1.35)."""
         self.writes: list[Action] = []
         self._versions = itertools.count(100)
+        self._clock = itertools.count(1)
 
     def list(self, kind: str) -> list[dict[str, Any]]:
         """Fresh copies, as a server hands them out. The stored objects are plain JSON
@@ -75,11 +80,21 @@ class FakeApiServer:
                 term["matchFields"] = []
             for device in spec["devices"]:
                 device["capacity"] = {}
+                if self.drops_taints:
+                    device.pop("taints", None)
+                for taint in device.get("taints") or []:
+                    # The API server stamps a taint that comes without a time.
+                    taint.setdefault("timeAdded", self._now())
         else:
             spec["config"] = []
             if self.drops_extended_resource:
                 spec.pop("extendedResourceName", None)
         self.objects[(kind, meta["name"])] = obj
+
+    def _now(self) -> str:
+        """A new second per call, so a restamped taint shows."""
+        seconds = next(self._clock)
+        return f"2026-01-01T{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}Z"
 
     def apply(self, actions: Sequence[Action]) -> None:
         for action in actions:
@@ -154,7 +169,7 @@ def test_first_pass_creates_and_the_next_writes_nothing() -> None:
     server = FakeApiServer()
     first = sync(server, BASE)
     assert all(isinstance(a, Create) for a in first.ordered())
-    assert len(server.list("ResourceSlice")) == 1 + 3 + 1
+    assert len(server.list("ResourceSlice")) == 1 + 5 + 1, "300 devices: 64 per slice"
     assert len(server.list("DeviceClass")) == 3
     assert plan(server, BASE).empty
     assert generations(server) == {"eu/l4": {1}, "us-east/a6000": {1}, "us-east/h100": {1}}
@@ -187,16 +202,16 @@ def test_growing_one_pool_bumps_only_its_generation_once() -> None:
         d["name"] for n, o in sorted(after.items()) if "h100" in n for d in o["spec"]["devices"]
     ]
     assert sorted(h100) == sorted(f"h100-{i}" for i in range(400))
-    assert {o["spec"]["pool"]["resourceSliceCount"] for n, o in after.items() if "h100" in n} == {4}
+    assert {o["spec"]["pool"]["resourceSliceCount"] for n, o in after.items() if "h100" in n} == {7}
     assert plan(server, grown).empty
 
 
 def test_shrinking_deletes_surplus_slices_of_the_pool() -> None:
     server = FakeApiServer()
     sync(server, BASE)
-    result = sync(server, [BASE[0], capacity("us-east", "H100", 100), BASE[2]])
+    result = sync(server, [BASE[0], capacity("us-east", "H100", 60), BASE[2]])
     deletes = [a.name for a in result.ordered() if isinstance(a, Delete)]
-    assert deletes == ["thunder.us-east.h100.1", "thunder.us-east.h100.2"]
+    assert deletes == [f"thunder.us-east.h100.{k}" for k in range(1, 5)]
     [h100] = [o for o in server.list("ResourceSlice") if "h100" in o["metadata"]["name"]]
     assert h100["spec"]["pool"] == {
         "name": "us-east/h100",

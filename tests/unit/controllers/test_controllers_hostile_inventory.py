@@ -7,14 +7,20 @@ server, checking what must hold whatever Thunder says:
 - the limits hold (only devices claims hold may go past them);
 - devices allocated to a claim stay published, with their pool and DeviceClass;
 - every published name is valid (DNS labels, pool and slice names within limits);
-- the same answer again plans no write;
+- the same answer again plans no write, with taints as without (their stored
+  `timeAdded` carried back);
+- devices Thunder does not back are tainted (one `thundercompute.com/unbacked`
+  NoSchedule taint with a valid label value, in slices of at most 64 devices), every
+  device of an unreadable zone among them, and taints coming and going change no
+  slice's devices;
 - a shrink is applied only after the same answer came `confirm_passes` passes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -45,7 +51,13 @@ from thunder_dra.controllers.inventory.slices import (
     published_devices,
     stable_device_names,
 )
-from thunder_dra.controllers.inventory.thunder import ThunderInventory
+from thunder_dra.controllers.inventory.taints import (
+    MAX_DEVICES_PER_TAINTED_SLICE,
+    MAX_TAINTS_PER_DEVICE,
+    TAINT_KEY,
+    TaintReason,
+)
+from thunder_dra.controllers.inventory.thunder import ThunderInventory, ZoneFailure
 from thunder_dra.controllers.shared.ownership import ThunderClusterRef
 from thunder_dra.kube import naming
 from thunder_dra.thunder.models import ClientRecord, Host
@@ -116,10 +128,34 @@ def zones(draw: st.DrawFn) -> list[ZoneInventory]:
     return result
 
 
-def read_of(answer: Sequence[ZoneInventory]) -> ThunderInventory:
+def read_of(answer: Sequence[ZoneInventory], unreadable: Collection[str] = ()) -> ThunderInventory:
+    """Thunder's answer as read; zones named in `unreadable` failed their host read."""
     return ThunderInventory(
-        zones=list(answer), listed_zone_names=frozenset(z.zone_name for z in answer)
+        zones=[z for z in answer if z.zone_name not in unreadable],
+        unavailable=[
+            ZoneFailure(z.zone_id, z.zone_name, "503") for z in answer if z.zone_name in unreadable
+        ],
+        listed_zone_names=frozenset(z.zone_name for z in answer),
     )
+
+
+TaintMap = dict[tuple[str, str], tuple[str, str]]
+"""(pool, device) -> (taint value, timeAdded)."""
+
+
+def taint_map(slices: Sequence[Mapping[str, Any]]) -> TaintMap:
+    found: TaintMap = {}
+    for obj in slices:
+        for device in obj["spec"]["devices"]:
+            for taint in device.get("taints") or []:
+                key = (obj["spec"]["pool"]["name"], device["name"])
+                found[key] = (taint["value"], taint["timeAdded"])
+    return found
+
+
+def membership(slices: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Slice name -> its device names: the layout taints must leave alone."""
+    return {o["metadata"]["name"]: [d["name"] for d in o["spec"]["devices"]] for o in slices}
 
 
 class Cluster:
@@ -134,10 +170,16 @@ class Cluster:
     def published(self) -> dict[str, frozenset[str]]:
         return published_devices(self.server.list("ResourceSlice"))
 
-    def run(self, answer: Sequence[ZoneInventory], allocated: Mapping[str, frozenset[str]]) -> int:
+    def run(
+        self,
+        answer: Sequence[ZoneInventory],
+        allocated: Mapping[str, frozenset[str]],
+        unreadable: Collection[str] = (),
+    ) -> int:
         """One pass; the number of writes it made."""
         slices = self.server.list("ResourceSlice")
-        planned = plan_layout(read_of(answer), CONFIG, slices, allocated, PROTECTION, self.streaks)
+        read = read_of(answer, unreadable)
+        planned = plan_layout(read, CONFIG, slices, allocated, PROTECTION, self.streaks)
         self.streaks = planned.decision.streaks
         pools = planned.layout.pools
         classes = build_device_classes(pools, CONFIG)
@@ -147,12 +189,26 @@ class Cluster:
             slices,
             self.server.list("DeviceClass"),
             keep_pools=planned.decision.held_names,
+            unavailable_zones=read.unavailable_zone_names,
         )
         actions = plan.ordered()
         self.last = [(type(a).__name__, a.kind, a.name) for a in actions]
         held = sorted(planned.decision.held_names)
         self.history.append((self.last, held, sorted(p.name for p in pools)))
         self.server.apply(actions)
+        after = self.server.list("ResourceSlice")
+        # A taint that stays the same keeps the time the API server gave it.
+        before_taints, after_taints = taint_map(slices), taint_map(after)
+        for key, (value, added) in after_taints.items():
+            if key in before_taints and before_taints[key][0] == value:
+                assert before_taints[key][1] == added, f"timeAdded of {key} restamped"
+        # Every device of a pool of an unreadable zone is tainted ZoneUnreadable.
+        for obj in after:
+            if obj["metadata"]["labels"][naming.LABEL_ZONE] in read.unavailable_zone_names:
+                for device in obj["spec"]["devices"]:
+                    assert [(t["key"], t["value"]) for t in device.get("taints") or []] == [
+                        (TAINT_KEY, "ZoneUnreadable")
+                    ], device
         return len(actions)
 
 
@@ -177,6 +233,18 @@ def check_published(cluster: Cluster, allocated: Mapping[str, frozenset[str]]) -
     for obj in slices:
         assert syntax.is_dns_subdomain(obj["metadata"]["name"])
         assert len(obj["spec"]["devices"]) <= CONFIG.max_devices_per_slice
+        tainted = False
+        for device in obj["spec"]["devices"]:
+            taints = device.get("taints") or []
+            assert len(taints) <= MAX_TAINTS_PER_DEVICE
+            for taint in taints:
+                tainted = True
+                assert (taint["key"], taint["effect"]) == (TAINT_KEY, "NoSchedule")
+                assert syntax.is_qualified_name(taint["key"])
+                assert syntax.is_label_value(taint["value"]), taint
+                assert taint["value"] in set(TaintReason), taint
+        if tainted:
+            assert len(obj["spec"]["devices"]) <= MAX_DEVICES_PER_TAINTED_SLICE
         for key, value in obj["metadata"]["labels"].items():
             assert syntax.is_qualified_name(key)
             assert syntax.is_label_value(value), (key, value)
@@ -204,6 +272,14 @@ def claims_on(
     return allocated
 
 
+def unreadable_of(answer: Sequence[ZoneInventory], pick: st.DataObject) -> frozenset[str]:
+    """Some of the answer's zone names, whose hosts could not be read."""
+    names = sorted({z.zone_name for z in answer})
+    if not names:
+        return frozenset()
+    return frozenset(pick.draw(st.lists(st.sampled_from(names), max_size=2, unique=True)))
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(answers=st.lists(zones(), min_size=1, max_size=5), pick=st.data())
 def test_hostile_answers_pass_after_pass_keep_every_invariant(
@@ -211,19 +287,71 @@ def test_hostile_answers_pass_after_pass_keep_every_invariant(
 ) -> None:
     cluster = Cluster()
     allocated: dict[str, frozenset[str]] = {}
+    unreadable: frozenset[str] = frozenset()
     for answer in answers:
-        cluster.run(answer, allocated)
+        unreadable = unreadable_of(answer, pick)
+        cluster.run(answer, allocated, unreadable)
         check_published(cluster, allocated)
         # Claims come and go: some of what is published now gets allocated.
         allocated = claims_on(cluster.published(), pick)
         check_published(cluster, allocated)
-    # The same answer, again and again: once the guard has decided, nothing is written.
+    # The same answer, again and again: once the guard has decided, nothing is written,
+    # with the taints it leaves (timeAdded carried back) as without.
     last = answers[-1]
     for _ in range(PROTECTION.confirm_passes):
-        cluster.run(last, allocated)
-    writes = cluster.run(last, allocated)
+        cluster.run(last, allocated, unreadable)
+    writes = cluster.run(last, allocated, unreadable)
     assert writes == 0, f"a repeated answer plans no writes: {cluster.history}"
     check_published(cluster, allocated)
+
+
+def offline(answer: Sequence[ZoneInventory], zone_names: Collection[str]) -> list[ZoneInventory]:
+    """`answer` with every host of the named zones offline."""
+    return [
+        replace(z, hosts=tuple(replace(h, status="offline") for h in z.hosts))
+        if z.zone_name in zone_names
+        else z
+        for z in answer
+    ]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(answer=zones(), pick=st.data())
+def test_taints_coming_and_going_change_no_slices_devices(
+    answer: list[ZoneInventory], pick: st.DataObject
+) -> None:
+    cluster = Cluster()
+    cluster.run(answer, {})
+    allocated = claims_on(cluster.published(), pick)
+    cluster.run(answer, allocated)
+    layout = membership(cluster.server.list("ResourceSlice"))
+    assert taint_map(cluster.server.list("ResourceSlice")) == {}
+
+    unreadable = unreadable_of(answer, pick)
+    cluster.run(answer, allocated, unreadable)
+    assert membership(cluster.server.list("ResourceSlice")) == layout, "zone unreadable"
+    assert cluster.run(answer, allocated, unreadable) == 0, "tainted and unchanged: no write"
+
+    # Hosts offline: a suspect shrink is held on its first pass, tainted only (a shrink
+    # the guard trusts, within maxShrinkPercent, is withdrawn at once as before).
+    down = unreadable_of(answer, pick)
+    cluster.run(offline(answer, down), allocated)
+    held = set(cluster.history[-1][1])
+    after = cluster.server.list("ResourceSlice")
+    for name, devices in membership(after).items():
+        pool = next(o["spec"]["pool"]["name"] for o in after if o["metadata"]["name"] == name)
+        if pool in held:
+            assert devices == layout[name], f"held pool {pool} keeps its slices' devices"
+    for pool, device in taint_map(after):
+        assert pool in held or device in allocated.get(pool, ()), (pool, device)
+    check_published(cluster, allocated)
+
+    if not held:
+        return
+    cluster.run(answer, allocated)
+    assert membership(cluster.server.list("ResourceSlice")) == layout, "Thunder back"
+    assert taint_map(cluster.server.list("ResourceSlice")) == {}, "the taints are gone"
+    assert cluster.run(answer, allocated) == 0
 
 
 @settings(max_examples=40, deadline=None)

@@ -10,12 +10,24 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.operator_pass import operator_world
+from tests.support.operator_pass import OperatorWorld, operator_world
+from thunder_dra.controllers.inventory.taints import TAINT_KEY
 
 pytestmark = pytest.mark.unit
 
 TWO_ZONES = {"us-east": {"A6000": 4}, "eu-west": {"H100": 2}}
 CONFIRM_THREE = {"operator": {"inventoryProtection": {"confirmPasses": 3}}}
+
+
+def taints(world: OperatorWorld) -> dict[str, str]:
+    """Device -> the value of its thundercompute.com/unbacked NoSchedule taint."""
+    found = {}
+    for piece in world.slices():
+        for device in piece["spec"]["devices"]:
+            for taint in device.get("taints") or []:
+                assert (taint["key"], taint["effect"]) == (TAINT_KEY, "NoSchedule")
+                found[device["name"]] = taint["value"]
+    return found
 
 
 async def test_a_first_pass_publishes_the_pools_their_classes_and_the_conditions() -> None:
@@ -79,10 +91,16 @@ async def test_a_zone_thunder_stops_listing_is_held_until_the_answer_repeats() -
         await world.run_pass()
         world.remove_zone("eu-west")
 
-        for _ in range(2):
+        for n in range(2):
             held = await world.run_pass()
             assert world.published() == {"us-east/a6000": 4, "eu-west/h100": 2}
-            assert held.writes_to("resourceslices") == []
+            # Held, not withdrawn: the first held pass taints the pool's devices, the
+            # second finds them tainted and writes nothing.
+            assert len(held.writes_to("resourceslices")) == (1 if n == 0 else 0)
+            assert taints(world) == {
+                "h100-0": "ZoneNotListed",
+                "h100-1": "ZoneNotListed",
+            }
             assert held.writes_to("deviceclasses") == []
             assert world.conditions()["InventorySuspect"] == ("True", "ShrinkHeld")
             assert world.events()[-1] == ("Warning", "InventorySuspect")
@@ -107,11 +125,16 @@ async def test_more_gpus_are_published_at_once_and_a_brief_drop_withdraws_nothin
         assert ("Normal", "PoolsResized") in world.events()
 
         world.set_gpus("us-east", "A6000", 1)
-        await world.run_pass()
+        dropped = await world.run_pass()
         assert world.published()["us-east/a6000"] == 6
+        assert len(dropped.writes_to("resourceslices")) == 1
+        assert taints(world) == {f"a6000-{i}": "HostsOffline" for i in range(1, 6)}, (
+            "the devices beyond what Thunder backs are tainted, not withdrawn"
+        )
         world.set_gpus("us-east", "A6000", 6)
         back = await world.run_pass()
-        assert back.writes_to("resourceslices") == []
+        assert len(back.writes_to("resourceslices")) == 1, "the taints go"
+        assert taints(world) == {}
         assert world.published() == {"us-east/a6000": 6, "eu-west/h100": 2}
         assert world.conditions()["InventorySuspect"] == ("False", "InventoryTrusted")
 

@@ -59,7 +59,7 @@ async def test_after_a_publish_a_pass_lists_metadata_only_and_writes_nothing() -
     kube = KubeClient(fake)
     publisher = Publisher(kube, 4)
     first, _ = await _pass(kube, publisher)
-    assert first.writes == 5  # two classes, two slices of zone-a, one of zone-b
+    assert first.writes == 7  # two classes, four slices of zone-a (64 each), one of zone-b
     mark = len(fake.requests)
 
     again, slices = await _pass(kube, publisher)

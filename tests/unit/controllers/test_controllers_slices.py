@@ -40,7 +40,7 @@ def capacity(
     )
 
 
-@pytest.mark.parametrize(("count", "sizes"), [(2000, [128] * 15 + [80]), (200, [128, 72])])
+@pytest.mark.parametrize(("count", "sizes"), [(2000, [64] * 31 + [16]), (200, [64, 64, 64, 8])])
 def test_large_pools_split_into_full_slices(count: int, sizes: list[int]) -> None:
     [pool] = build_pools([capacity(published=count)], CONFIG).pools
     manifests = pool.manifests(generation=1)

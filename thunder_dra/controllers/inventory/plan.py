@@ -15,7 +15,9 @@ existing object is compared with the desired one only on what this operator owns
   omits or fills in empty values (e.g. `matchFields: []`), which mean the same.
 
 Server-set metadata (resourceVersion, uid, creationTimestamp, managedFields,
-generation) is never compared.
+generation) is never compared. A device taint's `timeAdded` is set by the API server:
+the desired body carries the stored value of the same taint on the same device
+(taints.py), so it compares equal; a new taint is sent without one.
 
 Pools: when every slice of a pool matches, nothing is written and the pool keeps its
 generation. When any differs, the pool's generation goes up by one (from the highest
@@ -42,6 +44,7 @@ from typing import Any, Final, Literal
 
 from thunder_dra.controllers.inventory.classes import DesiredDeviceClass, is_thunder_device_class
 from thunder_dra.controllers.inventory.slices import DesiredPool, is_inventory_slice
+from thunder_dra.controllers.inventory.taints import time_added_index
 from thunder_dra.controllers.shared.ownership import update_body
 from thunder_dra.kube import bodies, naming
 
@@ -186,10 +189,19 @@ def _pool_actions(
 ) -> tuple[int, list[Action]]:
     by_name = {bodies.name(obj): obj for obj in existing}
     current = max((bodies.pool_generation(obj) for obj in existing), default=0)
+    # The taints' stored timeAdded, carried into the desired bodies (taints.py); only
+    # pools with tainted devices pay for reading their published devices.
+    time_added = (
+        time_added_index(d for obj in existing for d in bodies.devices(obj)) if pool.taints else {}
+    )
     unchanged = len(by_name) == len(pool.slices) and all(
         piece.name in by_name
         and bodies.pool_generation(by_name[piece.name]) == current
-        and matches(by_name[piece.name], pool.manifest(piece, current), SLICE_SPEC_KEYS)
+        and matches(
+            by_name[piece.name],
+            pool.manifest(piece, current, time_added),
+            SLICE_SPEC_KEYS,
+        )
         for piece in pool.slices
     )
     if unchanged and existing:
@@ -197,7 +209,7 @@ def _pool_actions(
     generation = max(current + 1, FIRST_GENERATION)
     actions: list[Action] = []
     for piece in pool.slices:
-        body = pool.manifest(piece, generation)
+        body = pool.manifest(piece, generation, time_added)
         old = by_name.pop(piece.name, None)
         if old is None:
             actions.append(Create("ResourceSlice", piece.name, body))

@@ -13,7 +13,8 @@ few thousand. The steps come in this order:
 Writes within a step run concurrently (bounded). A 409 (the object changed since it
 was listed, or appeared meanwhile) is not an error: the pass reports a conflict and the
 next pass, made right away, plans against fresh objects. Every DeviceClass written is
-checked for a silently dropped `extendedResourceName` (DRAExtendedResource off).
+checked for a silently dropped `extendedResourceName` (DRAExtendedResource off), every
+slice written with device taints for taints dropped (DRADeviceTaints off).
 
 What the API server stores for each slice written is kept in the publisher's
 `SliceCache` (`shared.objects`), so the next pass need not list the slices whole. A pool found
@@ -47,6 +48,7 @@ from thunder_dra.controllers.inventory.plan import (
     plan_steps,
 )
 from thunder_dra.controllers.inventory.slices import DesiredPool
+from thunder_dra.controllers.inventory.taints import has_taints, taints_dropped
 from thunder_dra.controllers.shared.objects import SliceCache
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import Conflict, KubeError, NotFound
@@ -70,6 +72,10 @@ class PublishOutcome:
     updated_classes: list[str] = field(default_factory=list)
     removed_classes: list[str] = field(default_factory=list)
     extended_resource_dropped: bool = False
+    taints_dropped: bool = False
+    """A slice written with device taints was stored without them."""
+    taints_kept: bool = False
+    """A slice written with device taints was stored with them."""
 
     @property
     def changed(self) -> bool:
@@ -202,6 +208,11 @@ class Publisher:
             return
         if action.kind == "ResourceSlice":
             self.cache.remember(stored)
+            if has_taints(action.body):
+                if taints_dropped(action.body, stored):
+                    outcome.taints_dropped = True
+                else:
+                    outcome.taints_kept = True
         elif extended_resource_name_dropped(action.body, stored):
             outcome.extended_resource_dropped = True
 

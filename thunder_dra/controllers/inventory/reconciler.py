@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from functools import partial
 from typing import Any, Final
 
 from opentelemetry import trace
@@ -33,6 +35,7 @@ from thunder_dra.api.thundercluster import InventoryProtectionSpec, PoolStatus, 
 from thunder_dra.controllers.inventory.capacity import PoolCapacity, compute_capacity
 from thunder_dra.controllers.inventory.classes import build_device_classes, selector_expression
 from thunder_dra.controllers.inventory.guard import GuardDecision, PublishedPool, judge
+from thunder_dra.controllers.inventory.plan import group_by_pool
 from thunder_dra.controllers.inventory.publish import Publisher, PublishOutcome
 from thunder_dra.controllers.inventory.slices import (
     DesiredPool,
@@ -42,6 +45,15 @@ from thunder_dra.controllers.inventory.slices import (
     published_devices,
     retained_pool,
     sample_slices,
+)
+from thunder_dra.controllers.inventory.taints import (
+    STICKY_REASONS,
+    TAINT_KEY,
+    TaintReason,
+    has_taints,
+    own_reason,
+    taint_body,
+    unbacked,
 )
 from thunder_dra.controllers.inventory.thunder import ThunderInventory, read_inventory
 from thunder_dra.controllers.shared.metrics import OperatorMetrics
@@ -53,13 +65,14 @@ from thunder_dra.kube import bodies, naming
 from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.kube.events import EventRecorder, ObjectRef
-from thunder_dra.kube.resources import DEVICE_CLASSES
+from thunder_dra.kube.resources import DEVICE_CLASSES, RESOURCE_SLICES
 
 _log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)
 
 EVENT_NAMES_SHOWN: Final = 20
 PROBE_CLASS_NAME: Final = "thunder-extended-resource-check"
+PROBE_SLICE_NAME: Final = "thunder-device-taint-check"
 
 
 @dataclass(slots=True)
@@ -85,8 +98,89 @@ class PassLayout:
     capacities: list[PoolCapacity]
     current: dict[str, frozenset[str]]
     layout: InventoryLayout
-    """The pools to write; held pools are left out (they are kept as listed)."""
+    """The pools to write, held pools and those of unreadable zones included (as
+    published, with the devices Thunder does not back tainted)."""
     decision: GuardDecision
+    kept: frozenset[str] = frozenset()
+    """Pools published as they are (held, or of an unreadable zone): their figures in
+    status stay those of the last pass that read them."""
+
+
+def _published_target(sample: Mapping[str, Any] | None) -> Decimal | None:
+    if sample is None:
+        return None
+    try:
+        target = Decimal(bodies.label(sample, naming.LABEL_OVERSUBSCRIPTION) or "")
+    except ArithmeticError:
+        return None
+    return target if target.is_finite() else None
+
+
+def _published_reasons(slices: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Device name -> the value of this operator's taint, over a pool's slices."""
+    reasons: dict[str, str] = {}
+    for obj in slices:
+        for device in bodies.devices(obj):
+            reason, name = own_reason(device), device.get("name")
+            if reason is not None and isinstance(name, str):
+                reasons[name] = reason
+    return reasons
+
+
+def _tainted(
+    pool: DesiredPool,
+    reason: TaintReason,
+    published: Sequence[Mapping[str, Any]],
+) -> DesiredPool:
+    """`pool` with the devices beyond what Thunder backs tainted `reason` (see taints.py
+    for when a device keeps the reason it has)."""
+    devices = unbacked(pool.devices, pool.backed)
+    if not devices:
+        return replace(pool, taints=())
+    sticky = reason in STICKY_REASONS
+    before = _published_reasons(published) if sticky else {}
+    taints = []
+    for device in devices:
+        kept = before.get(device)
+        taints.append((device, kept if kept in STICKY_REASONS else str(reason)))
+    return replace(pool, taints=tuple(taints))
+
+
+def _kept_pool(
+    name: str,
+    samples: Mapping[str, Mapping[str, Any]],
+    current: Mapping[str, frozenset[str]],
+    allocated: Mapping[str, frozenset[str]],
+    config: InventoryConfig,
+) -> DesiredPool | None:
+    """A published pool as it is (its devices and those claims hold), backed by none."""
+    sample = samples.get(name)
+    if sample is None:
+        return None
+    devices = current.get(name, frozenset()) | allocated.get(name, frozenset())
+    return retained_pool(name, sample, devices, config)
+
+
+def outage_layout(
+    config: InventoryConfig,
+    slices: Sequence[Mapping[str, Any]],
+    allocated: Mapping[str, frozenset[str]],
+    *,
+    taints: bool = True,
+) -> tuple[DesiredPool, ...]:
+    """Thunder's zone list could not be read: every published pool as it is, each device
+    tainted ThunderUnreachable (or untouched without taints)."""
+    current = published_devices(slices)
+    samples = sample_slices(slices)
+    pools = []
+    for name in sorted(current):
+        kept = _kept_pool(name, samples, current, allocated, config)
+        if kept is None:
+            continue
+        if taints:
+            kept = _tainted(kept, TaintReason.THUNDER_UNREACHABLE, ())
+        pools.append(kept)
+    return tuple(pools)
 
 
 def plan_layout(
@@ -96,15 +190,20 @@ def plan_layout(
     allocated: Mapping[str, frozenset[str]],
     protection: InventoryProtectionSpec,
     streaks: Mapping[str, tuple[int, int]],
+    *,
+    taints: bool = True,
 ) -> PassLayout:
-    """Capacities, limits, kept allocations and the shrink guard: CPU work for a thread."""
+    """Capacities, limits, kept allocations, the shrink guard and the taints of devices
+    Thunder does not back: CPU work for a thread. `taints=False` (the API server drops
+    them) publishes none."""
     capacities = compute_capacity(read.zones, max_gpus_per_host=config.max_gpus_per_host)
     current = published_devices(slices)
     layout = build_pools(capacities, config, current_devices=current, allocated_devices=allocated)
     samples = sample_slices(slices)
     unreadable = read.unavailable_zone_names
     pools: list[DesiredPool] = list(layout.pools)
-    desired = {pool.name for pool in pools}
+    answered = {pool.name: pool for pool in pools}
+    desired = set(answered)
     # Thunder no longer reports these pools, but claims hold some of their devices.
     for name, devices in sorted(allocated.items()):
         sample = samples.get(name)
@@ -152,9 +251,53 @@ def plan_layout(
             *(p for p in pools if p.name not in names and p.name not in desired),
         ]
         layout = InventoryLayout(layout.pools, layout.skipped, rebuilt.clamps)
-    pools = sorted((pool for pool in pools if pool.name not in held), key=lambda p: p.name)
+    pools = [pool for pool in pools if pool.name not in held]
+    # Held pools stay as published; Thunder backs what it answered of them.
+    for name in sorted(held):
+        kept = _kept_pool(name, samples, current, allocated, config)
+        if kept is not None:
+            backed = answered[name].backed if name in answered else 0
+            pools.append(replace(kept, backed=backed))
+    # Pools of zones that could not be read stay as published, backed by none.
+    zone_kept = set()
+    for name, sample in sorted(samples.items()):
+        if bodies.slice_zone(sample) not in unreadable or name in held:
+            continue
+        kept = _kept_pool(name, samples, current, allocated, config)
+        if kept is not None:
+            zone_kept.add(kept.name)
+            pools.append(kept)
+    if taints:
+        by_pool = group_by_pool(slices)
+        pools = [
+            _tainted(
+                pool,
+                _reason(pool, read, zone_kept, samples.get(pool.name), answered.get(pool.name)),
+                by_pool.get(pool.name, ()),
+            )
+            for pool in pools
+        ]
+    pools.sort(key=lambda p: p.name)
     layout = InventoryLayout(tuple(pools), layout.skipped, layout.clamps)
-    return PassLayout(capacities, current, layout, decision)
+    return PassLayout(capacities, current, layout, decision, frozenset(held | zone_kept))
+
+
+def _reason(
+    pool: DesiredPool,
+    read: ThunderInventory,
+    zone_kept: Collection[str],
+    sample: Mapping[str, Any] | None,
+    answer: DesiredPool | None,
+) -> TaintReason:
+    """Why the devices of `pool` beyond what Thunder backs are not backed."""
+    if pool.name in zone_kept:
+        return TaintReason.ZONE_UNREADABLE
+    if pool.zone_name not in read.listed_zone_names:
+        return TaintReason.ZONE_NOT_LISTED
+    published = _published_target(sample)
+    if answer is not None and published is not None and answer.target < published:
+        return TaintReason.TARGET_LOWERED
+    return TaintReason.HOSTS_OFFLINE
 
 
 def _names(items: Sequence[str]) -> str:
@@ -188,6 +331,98 @@ class InventoryReconciler:
         self.extended_resource_supported: bool | None = None
         self.streaks: dict[str, tuple[int, int]] = {}
         """Suspect pools' answers and how many consecutive passes gave them."""
+        self.taints_supported: bool | None = None
+        """Whether the API server keeps device taints; learnt once per process."""
+        self._taints_report_due = False
+
+    async def _learn_taint_support(
+        self, slices: Sequence[Mapping[str, Any]], driver_name: str
+    ) -> None:
+        """Whether the API server keeps device taints, learnt once per process: from a
+        listed slice that holds one, else from a server-side dry run (no write), else from
+        the first slice written with one (`_check_taints_kept`)."""
+        if self.taints_supported is not None:
+            return
+        if any(has_taints(obj) for obj in slices):
+            self.taints_supported = True
+            return
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": PROBE_SLICE_NAME},
+            "spec": {
+                "driver": driver_name,
+                "pool": {"name": PROBE_SLICE_NAME, "generation": 1, "resourceSliceCount": 1},
+                "allNodes": True,
+                "devices": [
+                    {"name": "check", "taints": [taint_body(TaintReason.THUNDER_UNREACHABLE)]}
+                ],
+            },
+        }
+        try:
+            stored = await self._kube.create(RESOURCE_SLICES.collection(), body, dry_run=True)
+        except KubeError as exc:
+            _log.warning("device taint probe failed", extra={"error": str(exc)})
+            return
+        if isinstance(stored, Mapping) and has_taints(stored):
+            self.taints_supported = True
+        else:
+            await self._taints_unsupported()
+
+    async def _taints_unsupported(self) -> None:
+        self.taints_supported = False
+        self._taints_report_due = True
+
+    @property
+    def _taints(self) -> bool:
+        return self.taints_supported is not False
+
+    def _held_note(self) -> str:
+        if not self._taints:
+            return ""
+        return f", the devices Thunder does not back tainted {TAINT_KEY}:NoSchedule,"
+
+    def _tainted_note(self, reason: str) -> str:
+        return f", their devices tainted {TAINT_KEY}={reason}:NoSchedule" if self._taints else ""
+
+    async def _publish_outage(
+        self,
+        config: InventoryConfig,
+        slices: list[dict[str, Any]],
+        allocated: Mapping[str, frozenset[str]],
+        ref: ObjectRef,
+    ) -> PublishOutcome:
+        """Thunder cannot be read at all: taint every published device, delete nothing."""
+        pools = await asyncio.to_thread(
+            outage_layout, config, slices, allocated, taints=self._taints
+        )
+        outcome = await self._publisher.publish(
+            pools,
+            (),
+            slices,
+            (),
+            published_devices(slices),
+            inventory_available=False,
+        )
+        await self._check_taints_kept(outcome, ref)
+        return outcome
+
+    async def _check_taints_kept(self, outcome: PublishOutcome, ref: ObjectRef) -> None:
+        """Once per process: the API server dropped the taints written (DRADeviceTaints
+        off, as on 1.34 and 1.35). From then on no taint is published or compared."""
+        if outcome.taints_dropped and self._taints:
+            await self._taints_unsupported()
+        elif outcome.taints_kept and self.taints_supported is None:
+            self.taints_supported = True
+        if self._taints_report_due:
+            self._taints_report_due = False
+            message = (
+                "the API server dropped ResourceSlice device taints (DRADeviceTaints is off); "
+                "devices Thunder does not back are published without a taint, so the "
+                "scheduler may still allocate them"
+            )
+            _log.warning(message, extra={"reason": "DeviceTaintsUnsupported"})
+            await self._events.post(ref, "Warning", "DeviceTaintsUnsupported", message)
 
     async def run(
         self, cluster: ThunderCluster, ref: ObjectRef, previous_pools: Sequence[PoolStatus]
@@ -221,17 +456,35 @@ class InventoryReconciler:
             list_device_classes(self._kube),
             list_claims(self._kube, spec.operator.driver_name),
         )
+        await self._learn_taint_support(slices, spec.operator.driver_name)
         if not read.available:
-            message = f"Thunder inventory could not be read, every pool is kept: {read.error}"
+            message = (
+                f"Thunder inventory could not be read, every pool is kept"
+                f"{self._tainted_note('ThunderUnreachable')}: {read.error}"
+            )
             _log.warning(
                 "thunder unreachable, keeping every published pool", extra={"error": read.error}
             )
             await self._events.post(ref, "Warning", "ThunderUnreachable", message)
             self._metrics.thunder_reachable.set(0)
+            owner = ThunderClusterRef(cluster.metadata.name, cluster.metadata.uid or "")
+            outcome = await self._publish_outage(
+                InventoryConfig.from_spec(spec, owner=owner),
+                slices,
+                claims.allocated_devices(),
+                ref,
+            )
             return InventoryResult(
                 "thunder_unavailable",
                 ConditionState(False, read.error_kind or "ThunderUnreachable", message),
-                ConditionState(False, "InventoryStale", "published objects kept unchanged"),
+                ConditionState(
+                    False,
+                    "InventoryStale",
+                    "published devices kept" + self._tainted_note("ThunderUnreachable"),
+                ),
+                writes=outcome.writes,
+                retry_soon=outcome.conflicts > 0,
+                outcome=outcome,
             )
         self._metrics.thunder_reachable.set(0 if read.unavailable else 1)
         # One event per kind of failure, however many zones: an outage of the hosts
@@ -242,8 +495,9 @@ class InventoryReconciler:
                 ref,
                 "Warning",
                 "ZoneUnreadable",
-                f"{_plural(len(names), 'zone')} could not be read, their pools are kept: "
-                f"{_names(names)}; first error: {read.unavailable[0].error}",
+                f"{_plural(len(names), 'zone')} could not be read, their pools are kept"
+                f"{self._tainted_note('ZoneUnreadable')}: {_names(names)}; first error: "
+                f"{read.unavailable[0].error}",
             )
         if read.target_failures:
             names = [f"{f.zone_name} ({f.zone_id})" for f in read.target_failures]
@@ -284,7 +538,13 @@ class InventoryReconciler:
         ref: ObjectRef,
     ) -> tuple[PublishOutcome, list[PoolStatus], ConditionState]:
         planned = await asyncio.to_thread(
-            plan_layout, read, config, slices, allocated, protection, dict(self.streaks)
+            partial(plan_layout, taints=self._taints),
+            read,
+            config,
+            slices,
+            allocated,
+            protection,
+            dict(self.streaks),
         )
         capacities, current, layout = planned.capacities, planned.current, planned.layout
         self.streaks = planned.decision.streaks
@@ -334,8 +594,11 @@ class InventoryReconciler:
                 "the API server dropped DeviceClass extendedResourceName (DRAExtendedResource "
                 "is off); classes are published without it, request GPUs with ResourceClaims",
             )
+        await self._check_taints_kept(outcome, ref)
         await self._announce(outcome, ref)
-        return outcome, [pool.status() for pool in layout.pools], suspect
+        outcome.kept_pools = sorted({*outcome.kept_pools, *planned.kept})
+        figures = [pool.status() for pool in layout.pools if pool.name not in planned.kept]
+        return outcome, figures, suspect
 
     async def _report_guard(
         self, decision: GuardDecision, protection: InventoryProtectionSpec, ref: ObjectRef
@@ -354,8 +617,9 @@ class InventoryReconciler:
         described = [pool.describe(confirm) for pool in decision.held]
         zones = list(decision.held_zones)
         message = (
-            f"Thunder's answer would withdraw published devices; kept as published until "
-            f"the same answer repeats {confirm} passes: {_plural(len(zones), 'zone')} "
+            f"Thunder's answer would withdraw published devices; kept as published"
+            f"{self._held_note()} until the same answer repeats {confirm} passes: "
+            f"{_plural(len(zones), 'zone')} "
             f"({_names(zones)}), {_plural(len(described), 'pool')}: {_names(described)}"
         )
         _log.warning(message, extra={"reason": "InventorySuspect", "pools": len(described)})

@@ -1,9 +1,14 @@
 """The ResourceSlices that publish the pools (docs/operator.md#inventory-passes).
 
 One pool per zone display name and GPU model, named `<zone label>/<type label>`,
-one device `<type label>-<n>` per published GPU, split into slices of at most 128
-devices (the v1 limit; 64 applies only to devices with taints, counters or list
-attributes, which these have none of).
+one device `<type label>-<n>` per published GPU, split into slices of at most 64
+devices. The v1 limit is 128, but only 64 for a slice that holds any tainted device
+(taints.py), and Thunder taints devices whenever it stops backing them. With 128 a
+taint would force the pool to be laid out again, into twice the slices, at the moment
+Thunder fails, and back when it recovers; at 64 a taint coming or going changes only
+the devices' `taints`, never which slice holds which device. Operators that published
+128 per slice lay their pools out again once, on their first pass after the upgrade
+(one new generation per pool of more than 64 devices; no device is withdrawn).
 
 Node selection: one node-selector term that requires the node's
 `topology.kubernetes.io/zone` to be the zone's display name AND every label of the
@@ -44,10 +49,17 @@ from typing import Any, Final
 from thunder_dra.api import syntax
 from thunder_dra.api.thundercluster import PoolStatus, ThunderClusterSpec
 from thunder_dra.controllers.inventory.capacity import PoolCapacity, format_target
+from thunder_dra.controllers.inventory.taints import (
+    MAX_DEVICES_PER_TAINTED_SLICE,
+    DeviceTaints,
+    TimeAddedIndex,
+    carry_time_added,
+    taint_body,
+)
 from thunder_dra.controllers.shared.ownership import ThunderClusterRef
 from thunder_dra.kube import bodies, naming
 
-MAX_DEVICES_PER_SLICE: Final = 128
+MAX_DEVICES_PER_SLICE: Final = MAX_DEVICES_PER_TAINTED_SLICE
 RESOURCE_API_VERSION: Final = "resource.k8s.io/v1"
 
 
@@ -108,6 +120,10 @@ class DesiredPool:
     node_selector: tuple[tuple[str, str], ...]
     owner: ThunderClusterRef | None
     slices: tuple[DesiredSlice, ...]
+    backed: int = 0
+    """How many of the devices Thunder backs (its answer for the pool, before limits)."""
+    taints: DeviceTaints = ()
+    """(device, reason) of the devices tainted as not backed (taints.py)."""
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -139,13 +155,16 @@ class DesiredPool:
     def annotations(self) -> dict[str, str]:
         return {naming.ANNOTATION_GPU_TYPE: self.model, naming.ANNOTATION_ZONE: self.zone_name}
 
-    def _device(self, name: str) -> dict[str, Any]:
+    def _device(self, name: str, reason: str | None, time_added: TimeAddedIndex) -> dict[str, Any]:
         attributes: dict[str, Any] = {}
         if len(self.model) <= naming.ATTRIBUTE_STRING_MAX:
             attributes[naming.ATTRIBUTE_GPU_TYPE] = {"string": self.model}
         attributes[naming.ATTRIBUTE_GPU_TYPE_LABEL] = {"string": self.type_label}
         attributes[naming.ATTRIBUTE_ZONE] = {"string": self.zone_name}
-        return {"name": name, "attributes": attributes}
+        device: dict[str, Any] = {"name": name, "attributes": attributes}
+        if reason is not None:
+            device["taints"] = [carry_time_added(name, taint_body(reason), time_added)]
+        return device
 
     def _node_selector(self) -> dict[str, Any]:
         expressions = [
@@ -156,8 +175,14 @@ class DesiredPool:
         ]
         return {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
 
-    def manifest(self, piece: DesiredSlice, generation: int) -> dict[str, Any]:
-        """The resource.k8s.io/v1 ResourceSlice body of one slice of this pool."""
+    def manifest(
+        self, piece: DesiredSlice, generation: int, time_added: TimeAddedIndex | None = None
+    ) -> dict[str, Any]:
+        """The resource.k8s.io/v1 ResourceSlice body of one slice of this pool.
+
+        `time_added` holds the stored timeAdded of taints already published."""
+        reasons = dict(self.taints)
+        index = time_added or {}
         metadata: dict[str, Any] = {
             "name": piece.name,
             "labels": self.labels,
@@ -177,12 +202,14 @@ class DesiredPool:
                     "resourceSliceCount": len(self.slices),
                 },
                 "nodeSelector": self._node_selector(),
-                "devices": [self._device(name) for name in piece.devices],
+                "devices": [self._device(name, reasons.get(name), index) for name in piece.devices],
             },
         }
 
-    def manifests(self, generation: int) -> list[dict[str, Any]]:
-        return [self.manifest(piece, generation) for piece in self.slices]
+    def manifests(
+        self, generation: int, time_added: TimeAddedIndex | None = None
+    ) -> list[dict[str, Any]]:
+        return [self.manifest(piece, generation, time_added) for piece in self.slices]
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +411,7 @@ def _desired_pool(
         node_selector=tuple(sorted(config.daemon_node_selector.items())),
         owner=config.owner,
         slices=_slices(zone_label, chosen.type_label, devices, config),
+        backed=capacity.published,
     )
 
 
