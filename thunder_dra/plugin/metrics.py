@@ -43,6 +43,17 @@ class ErrorReason(StrEnum):
     INTERNAL = "internal"
 
 
+# The fixed label values of the counters below. Each of their series exists at 0 from the
+# start, so a rate, an alert or a dashboard panel over them has data before the first
+# event; tests/unit/plugin/test_plugin_metrics_initialized.py checks that every value
+# the daemon counts with is here.
+RESULTS = ("success", "error")
+OPERATIONS = ("prepare", "unprepare", "journal-sweep")
+RESTART_RESULTS = ("success", "failure")
+ROLLBACK_OUTCOMES = ("committed", "rolled-back", "unrevocable", "nothing-minted")
+LOOPS = ("node-enrollment",)
+
+
 class DaemonMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else process_registry()
@@ -121,6 +132,21 @@ class DaemonMetrics:
         )
         self.thunder = metrics_for(self.registry)
         self.set_enrollment(EnrollmentState.PENDING)
+        self._initialize_series()
+
+    def _initialize_series(self) -> None:
+        for result in RESULTS:
+            self.prepares.labels(result)
+            self.unprepares.labels(result)
+        for operation in OPERATIONS:
+            for reason in ErrorReason:
+                self.errors.labels(operation, reason.value)
+        for result in RESTART_RESULTS:
+            self.thunderd_restarts.labels(result)
+        for outcome in ROLLBACK_OUTCOMES:
+            self.rollbacks.labels(outcome)
+        for loop in LOOPS:
+            self.loop_errors.labels(loop)
 
     def set_enrollment(self, state: EnrollmentState) -> None:
         for each in EnrollmentState:

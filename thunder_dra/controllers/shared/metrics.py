@@ -19,6 +19,10 @@ _PASS_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 1
 _POOL_LABELS: Final = ("pool", "zone", "model")
 
 
+# The results the Client reaper counts with (`clients_reaped`).
+REAPED_RESULTS: Final = ("revoked", "failed", "unverified")
+
+
 class OperatorMetrics:
     """Every metric family of the operator, in one registry."""
 
@@ -120,6 +124,10 @@ class OperatorMetrics:
             "Client reaper passes finished.",
         )
         self._pool_series: set[tuple[str, str, str]] = set()
+        # The reaper's results are a fixed set: each series exists at 0 from the start, so
+        # a rate or a panel over them has data before the first orphan.
+        for result in REAPED_RESULTS:
+            self.clients_reaped.labels(result)
 
     def set_pools(self, pools: Iterable[PoolStatus]) -> None:
         """Replace the per-pool series with `pools`."""
