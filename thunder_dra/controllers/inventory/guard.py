@@ -10,11 +10,13 @@ the answer is suspect when:
 - the pool is no longer reported (its zone is listed, the model is gone);
 - the pool would lose more than `max_shrink_percent` of its published devices.
 
-A suspect pool is kept exactly as published until the same answer (the same device
+A suspect pool keeps its published devices until the same answer (the same device
 count for that pool) has come `confirm_passes` consecutive passes; on that pass it is
-applied. Pools of zones that could not be read are not judged here: they are kept by
-the inventory pass anyway. The streaks live in the operator process, so a restarted
-operator counts again from one, which only ever keeps devices longer.
+applied. Meanwhile the devices the answer would withdraw are tainted (held, not
+withdrawn: see taints.py and the inventory pass). Pools of zones that could not be read
+are not judged here: the inventory pass keeps them anyway. The streaks live in the
+operator process, so a restarted operator counts again from one, which only ever keeps
+devices longer.
 
 `judge` is a pure function of the published pools, the answer and the previous
 streaks, so the same inputs always give the same decision.

@@ -3,13 +3,16 @@
     token (Secret) -> Thunder zones, hosts, clients, targets   (thunder)
                    -> compute_capacity -> build_pools (limits)  (capacity, slices)
                    -> pools kept for allocated devices, suspect shrinks held (guard)
+                   -> devices Thunder does not back tainted       (taints)
                    -> build_device_classes -> plan and apply the writes (publish)
 
 The published slices, classes and the claims' allocations are listed alongside the
 Thunder read. Nothing published is removed when Thunder cannot be read: a failed zone
-list keeps everything, a failed zone keeps its pools (and their classes). A shrinking
-answer is held until it repeats (guard), and devices allocated to ResourceClaims
-stay published whatever Thunder says, with their pool and class. A pass where
+list keeps everything, a failed zone keeps its pools (and their classes), each with its
+devices tainted (`outage_layout`, `plan_layout`). A shrinking answer is held until it
+repeats (guard), the devices it would withdraw tainted meanwhile, and devices allocated
+to ResourceClaims stay published whatever Thunder says, with their pool and class
+(tainted when Thunder no longer backs them). A pass where
 nothing changed makes no write, also in a freshly started process: it compares with
 what it lists (the slices' metadata every pass, their specs from the publisher's cache
 while their resourceVersion is the cached one: see listing).
@@ -17,6 +20,9 @@ while their resourceVersion is the cached one: see listing).
 `extendedResourceName` support is learnt once per process: from existing classes that
 carry the field, else from a server-side dry run, else from reading back the first
 class written. Once the API server is seen to drop it, classes are planned without it.
+Device taint support is learnt the same way (a listed slice with a taint, else a dry
+run of a tainted slice, else the first tainted slice written back); once dropped, no
+taint is planned.
 """
 
 from __future__ import annotations
