@@ -1,7 +1,7 @@
 """The driver's ValidatingAdmissionPolicies: defined once, rendered for every install path.
 
-Five policies (``admissionregistration.k8s.io/v1``), each with a binding that denies.
-Three narrow what the driver itself writes:
+Six policies (``admissionregistration.k8s.io/v1``), each with a binding that denies.
+Four narrow what the driver itself writes:
 
 - **daemon-setup-secrets**: the daemon's ServiceAccount may create, update and delete
   only ``<claim>-thunder-setup`` Secrets owned by that ResourceClaim and annotated with
@@ -10,7 +10,10 @@ Three narrow what the driver itself writes:
 - **daemon-clients**: the daemon may create, update and delete only Clients whose
   ``spec.nodeName`` is its own node;
 - **client-writers**: only the driver's ServiceAccounts (daemon, operator) create or
-  update Clients (status included); anyone else may only remove finalizers.
+  update Clients (status included); anyone else may only remove finalizers;
+- **daemon-claim-status**: through ``resourceclaims/status`` the daemon may change only
+  the ``status.devices`` entries of its own driver: ``allocation``, ``reservedFor`` and
+  other drivers' entries stay as they are.
 
 Two more hold everyone, the driver too: **one-model-per-claim** refuses claims that ask
 one Thunder client for two GPU models, **no-admin-access** claims that ask a Thunder GPU
@@ -68,6 +71,7 @@ SUFFIXES: Final = (
     "client-writers",
     "one-model-per-claim",
     "no-admin-access",
+    "daemon-claim-status",
 )
 DEFAULT_DEVICE_CLASS_PREFIX: Final = "thunder-gpu-"
 DEFAULT_EXTENDED_RESOURCE_PREFIX: Final = f"{DOMAIN}/gpu-"
@@ -103,6 +107,8 @@ class Identity:
     ``no-admin-access``)."""
     extended_resource_prefix: str = DEFAULT_EXTENDED_RESOURCE_PREFIX
     """Names of the per-model extended resources start with it (``one-model-per-claim``)."""
+    driver_name: str = naming.DRIVER_NAME
+    """The DRA driver whose claim status entries the daemon writes (``daemon-claim-status``)."""
 
     def user(self, service_account: str) -> str:
         return f"system:serviceaccount:{self.namespace}:{service_account}"
@@ -532,6 +538,66 @@ def _no_admin_access(identity: Identity) -> dict[str, Any]:
     return _policy(identity, "no-admin-access", rules, variables, validations)
 
 
+def _daemon_claim_status(identity: Identity) -> dict[str, Any]:
+    """The daemon changes only its own driver's entries in a claim's ``status.devices``.
+
+    Its RBAC grants ``patch`` on ``resourceclaims/status`` and, on the synthetic
+    subresource ``resourceclaims/driver``, ``arbitrary-node:patch`` for its driver alone
+    (the allocation of a Thunder device names a zone, not a node, so
+    ``associated-node:patch`` is never enough). With the API server's granular status
+    authorization (``DRAResourceClaimGranularStatusAuthorization``, on by default since
+    1.36) that already refuses other drivers' entries and ``allocation`` or
+    ``reservedFor`` (``resourceclaims/binding``); this policy holds the same where that
+    gate is off (older or configured control planes), and against any wider grant: an
+    update by the daemon must leave ``allocation``, ``reservedFor`` and every entry of
+    another driver exactly as they were. Its token must be bound to its Pod on a node,
+    as for its other writes.
+    """
+    rules = [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1"],
+            "resources": ["resourceclaims/status"],
+            "operations": ["UPDATE"],
+        }
+    ]
+    others = "d, d.driver != variables.driverName"
+    variables = [
+        {"name": "driverName", "expression": _cel_string(identity.driver_name)},
+        {
+            "name": "otherDevices",
+            "expression": f"object.?status.?devices.orValue([]).filter({others})",
+        },
+        {
+            "name": "oldOtherDevices",
+            "expression": f"oldObject.?status.?devices.orValue([]).filter({others})",
+        },
+    ]
+    validations = [
+        _node_bound(),
+        {
+            "expression": (
+                "!variables.isDaemon"
+                " || (object.?status.?allocation == oldObject.?status.?allocation"
+                " && object.?status.?reservedFor == oldObject.?status.?reservedFor)"
+            ),
+            "message": "the daemon may not change a claim's status.allocation or reservedFor",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": (
+                "!variables.isDaemon || variables.otherDevices == variables.oldOtherDevices"
+            ),
+            "message": (
+                "the daemon may change only the status.devices entries of its own driver"
+                f" ({identity.driver_name})"
+            ),
+            "reason": "Forbidden",
+        },
+    ]
+    return _policy(identity, "daemon-claim-status", rules, variables, validations)
+
+
 def policies(identity: Identity) -> list[dict[str, Any]]:
     """Every policy and its binding, for one install."""
     out: list[dict[str, Any]] = []
@@ -541,6 +607,7 @@ def policies(identity: Identity) -> list[dict[str, Any]]:
         _client_writers(identity),
         _one_model_per_claim(identity),
         _no_admin_access(identity),
+        _daemon_claim_status(identity),
     ):
         out.append(policy)
         suffix = policy["metadata"]["name"][len(identity.name_prefix) + 1 :]

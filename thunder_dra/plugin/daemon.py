@@ -24,6 +24,7 @@ from thunder_dra.kube.errors import KubeError
 from thunder_dra.kube.transport import build_client
 from thunder_dra.plugin.claims import lifecycle
 from thunder_dra.plugin.claims.recovery import InstanceJournal
+from thunder_dra.plugin.claims.status import ClaimStatusWriter
 from thunder_dra.plugin.config import DaemonConfig
 from thunder_dra.plugin.kubelet.handler import ClaimService, claim_service
 from thunder_dra.plugin.kubelet.service import PluginServer, SocketPaths
@@ -31,7 +32,7 @@ from thunder_dra.plugin.metrics import DaemonMetrics, EnrollmentState
 from thunder_dra.plugin.node.enrollment import NodeEnroller
 from thunder_dra.plugin.node.facts import NodeInfo, check_gpu_driver, node_info
 from thunder_dra.plugin.node.hostrunner import HostNamespaceRunner, HostRunner, LocalRunner
-from thunder_dra.plugin.state.checkpoint import CheckpointVersionError
+from thunder_dra.plugin.state.checkpoint import CheckpointVersionError, ClaimState
 from thunder_dra.plugin.state.crashpoints import CrashPoints
 from thunder_dra.process.health import HealthServer
 from thunder_dra.process.logs import SecretScrubber
@@ -121,14 +122,20 @@ class Daemon:
             crash=self.crash,
             scrubber=self.scrubber,
         )
+        status = self._status_writer(kube)
         service = claim_service(
             claims,
             metrics=self.metrics,
             tracer=tracer_provider.get_tracer("thunder_dra.plugin"),
             concurrency=cfg.claim_concurrency,
+            status=status,
         )
         enroller = await self._enroller(node, runner, thunder, own, claims)
         await self._recover(claims)
+        # What a write lost to a restart left behind: written again where it differs.
+        for prepared in claims.checkpoint.current.claims.values():
+            if prepared.state is ClaimState.PREPARED:
+                status.prepared(prepared)
         server = await self._serve_kubelet(service)
         health = await self._serve_health(server, enroller)
         if enroller is not None:
@@ -149,6 +156,17 @@ class Daemon:
         self._closers.append(kube.close)
         await kube.open()
         return kube
+
+    def _status_writer(self, kube: KubeClient) -> ClaimStatusWriter:
+        """Writes claims' ``status.devices`` entries in the background; stopped at exit."""
+        status = ClaimStatusWriter(
+            kube,
+            driver=self.config.driver_name,
+            scrub=self.scrubber.scrub,
+            registry=self.metrics.registry,
+        )
+        self._closers.append(status.close)
+        return status
 
     async def _check_node(self, node: NodeInfo, runner: HostRunner) -> None:
         """A serving node's GPU driver, or the daemon stops (:class:`NodeSetupError`)."""

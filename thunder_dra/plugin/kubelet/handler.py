@@ -12,7 +12,9 @@ enrollment is never abandoned half-way by a cancellation.
 
 Failures become per-claim errors ``claim <ns>/<name>: <what failed>``, never a failed
 call; each also goes to the log, to ``thunder_dra_daemon_errors_total`` and, for prepare,
-to a Warning event on the ResourceClaim.
+to a Warning event on the ResourceClaim. Each claim's outcome (prepared, failed,
+unprepared) is then handed to the claim status writer (:mod:`thunder_dra.plugin.claims.status`),
+which writes it to the claim's ``status.devices`` after the answer, off the kubelet's wait.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from thunder_dra.plugin.claims.lifecycle import ClaimLifecycle
 from thunder_dra.plugin.claims.prepare import Preparer
 from thunder_dra.plugin.claims.records import Records
 from thunder_dra.plugin.claims.repair import Repairer
+from thunder_dra.plugin.claims.status import ClaimStatusWriter
 from thunder_dra.plugin.claims.unprepare import Unpreparer
 from thunder_dra.plugin.errors import ClaimError
 from thunder_dra.plugin.metrics import DaemonMetrics, ErrorReason
@@ -112,6 +115,7 @@ class ClaimService:
         metrics: DaemonMetrics,
         tracer: Tracer,
         slots: ClaimSlots | None = None,
+        status: ClaimStatusWriter | None = None,
     ) -> None:
         self._preparer = preparer
         self._repairer = repairer
@@ -124,6 +128,7 @@ class ClaimService:
         self._tracer = tracer
         self._slots = slots or ClaimSlots(DEFAULT_CLAIM_CONCURRENCY, metrics.registry)
         self._running: set[asyncio.Task[Any]] = set()
+        self._status = status
 
     async def _shielded(self, work: Coroutine[Any, Any, _T]) -> _T:
         task = asyncio.ensure_future(work)
@@ -193,9 +198,13 @@ class ClaimService:
                 )
                 async with self._slots.held():
                     await self._warn(ref, message)
+                if self._status is not None:
+                    self._status.failed(ref, message, reason)
                 result = error
             else:
                 self._metrics.prepares.labels("success").inc()
+                if self._status is not None and isinstance(result, PreparedClaim):
+                    self._status.prepared(result)
             finally:
                 self._metrics.prepare_seconds.observe(time.monotonic() - started)
                 self._metrics.prepared_claims.set(len(self._checkpoint.current.claims))
@@ -268,15 +277,22 @@ class ClaimService:
                 self._metrics.unprepare_seconds.observe(time.monotonic() - started)
                 self._metrics.prepared_claims.set(len(self._checkpoint.current.claims))
         self._metrics.unprepares.labels("success").inc()
+        if self._status is not None:
+            self._status.unprepared(ref)
         return ""
 
 
 def claim_service(
-    claims: ClaimLifecycle, *, metrics: DaemonMetrics, tracer: Tracer, concurrency: int
+    claims: ClaimLifecycle,
+    *,
+    metrics: DaemonMetrics,
+    tracer: Tracer,
+    concurrency: int,
+    status: ClaimStatusWriter | None = None,
 ) -> ClaimService:
     """The kubelet's handler over one instance's claim lifecycle
     (:func:`thunder_dra.plugin.claims.lifecycle.assemble`), at most ``concurrency``
-    claims at once (``--claim-concurrency``)."""
+    claims at once (``--claim-concurrency``), reporting outcomes to ``status``."""
     return ClaimService(
         preparer=claims.preparer,
         repairer=claims.repairer,
@@ -288,4 +304,5 @@ def claim_service(
         metrics=metrics,
         tracer=tracer,
         slots=ClaimSlots(concurrency, metrics.registry),
+        status=status,
     )

@@ -1,0 +1,302 @@
+"""The daemon's entries in ResourceClaim.status.devices (thunder_dra/plugin/claims/status.py):
+their shape and limits, that no secret reaches them, that nothing is written when nothing
+changed, and that a failed write is retried in the background without failing anything."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from thunder_dra.kube.errors import Forbidden, NotFound
+from thunder_dra.kube.resources import RESOURCE_CLAIMS
+from thunder_dra.plugin.claims.status import (
+    CONDITION_READY,
+    FIELD_MANAGER,
+    MAX_CONDITIONS,
+    MAX_DATA_BYTES,
+    MAX_MESSAGE,
+    REASON_PREPARED,
+    TRUNCATED,
+    ClaimStatusWriter,
+    Outcome,
+    check_entry,
+    desired_entries,
+    failed_outcome,
+    prepared_outcome,
+)
+from thunder_dra.plugin.metrics import ErrorReason
+from thunder_dra.plugin.state.checkpoint import Consumer, PreparedClaim
+from thunder_dra.process.logs import SecretScrubber
+
+pytestmark = pytest.mark.unit
+
+DRIVER = "thundercompute.com"
+OTHER = "net.example.com"
+TOKEN = "tcet_enroll-5b0c7d1e9f"
+NOW = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
+PATH = RESOURCE_CLAIMS.item("gpu", "work")
+
+
+def _claim(*, devices: list[dict[str, Any]] | None = None, uid: str = "uid-1") -> dict[str, Any]:
+    results = [
+        {"request": "gpu", "driver": DRIVER, "pool": "zone-a-a6000", "device": "gpu-0"},
+        {"request": "gpu", "driver": DRIVER, "pool": "zone-a-a6000", "device": "gpu-1"},
+        {"request": "nic", "driver": OTHER, "pool": "node-1", "device": "eth1"},
+    ]
+    status: dict[str, Any] = {"allocation": {"devices": {"results": results}}}
+    if devices is not None:
+        status["devices"] = devices
+    return {
+        "metadata": {"name": "gpu", "namespace": "work", "uid": uid},
+        "status": status,
+    }
+
+
+def _prepared(*, client_id: str | None = "client-42", vm: bool = False) -> PreparedClaim:
+    return PreparedClaim(
+        uid="uid-1",
+        namespace="work",
+        name="gpu",
+        consumer=Consumer(kind="vm" if vm else "pod", name="p"),
+        zone_name="zone-a",
+        zone_id="z-1",
+        gpu_type="A6000",
+        gpu_count=2,
+        enrollment_token_id="tok-1",
+        client_id=client_id,
+    )
+
+
+OTHER_ENTRY = {
+    "driver": OTHER,
+    "pool": "node-1",
+    "device": "eth1",
+    "conditions": [
+        {
+            "type": "Ready",
+            "status": "True",
+            "reason": "Up",
+            "message": "",
+            "lastTransitionTime": "2026-12-01T00:00:00Z",
+        }
+    ],
+}
+
+
+def test_a_prepared_claim_gets_one_ready_entry_per_device_of_this_driver() -> None:
+    entries = desired_entries(_claim(), DRIVER, prepared_outcome(_prepared()), NOW)
+    assert [(e["driver"], e["pool"], e["device"]) for e in entries] == [
+        (DRIVER, "zone-a-a6000", "gpu-0"),
+        (DRIVER, "zone-a-a6000", "gpu-1"),
+    ]
+    for entry in entries:
+        (condition,) = entry["conditions"]
+        assert condition["type"] == CONDITION_READY
+        assert condition["status"] == "True"
+        assert condition["reason"] == REASON_PREPARED
+        assert condition["lastTransitionTime"] == "2026-12-02T09:00:00Z"
+        assert entry["data"] == {
+            "zone": "zone-a",
+            "gpuModel": "A6000",
+            "thunderClientId": "client-42",
+        }
+        assert set(entry) == {"driver", "pool", "device", "conditions", "data"}
+        assert len(entry["conditions"]) <= MAX_CONDITIONS
+        assert len(json.dumps(entry["data"]).encode()) <= MAX_DATA_BYTES
+
+
+def test_a_vm_claim_has_no_client_id_and_a_shared_device_keeps_its_share_id() -> None:
+    claim = _claim()
+    claim["status"]["allocation"]["devices"]["results"][0]["shareID"] = "share-1"
+    entries = desired_entries(
+        claim, DRIVER, prepared_outcome(_prepared(vm=True, client_id=None)), NOW
+    )
+    assert entries[0]["shareID"] == "share-1"
+    assert "shareID" not in entries[1]
+    assert entries[0]["data"] == {"zone": "zone-a", "gpuModel": "A6000"}
+
+
+def test_a_failed_prepare_is_not_ready_with_its_step_and_error_and_no_data() -> None:
+    outcome = failed_outcome("Thunder mint failed: 503 unavailable", ErrorReason.THUNDER_MINT, str)
+    (entry, _) = desired_entries(_claim(), DRIVER, outcome, NOW)
+    (condition,) = entry["conditions"]
+    assert condition["status"] == "False"
+    assert condition["reason"] == "ThunderMintFailed"
+    assert condition["message"] == "Thunder mint failed: 503 unavailable"
+    assert "data" not in entry
+
+
+def test_an_error_message_is_scrubbed_of_secrets_and_bounded() -> None:
+    scrubber = SecretScrubber()
+    scrubber.add(TOKEN)
+    message = f"Thunder exchange failed: token {TOKEN} refused; " + "x" * 5000
+    outcome = failed_outcome(message, ErrorReason.THUNDER_EXCHANGE, scrubber.scrub)
+    assert TOKEN not in outcome.message
+    assert len(outcome.message) == MAX_MESSAGE
+    assert outcome.message.endswith(TRUNCATED)
+    entries = desired_entries(_claim(), DRIVER, outcome, NOW)
+    assert TOKEN not in json.dumps(entries)
+
+
+def test_no_token_ever_reaches_a_prepared_entry() -> None:
+    entries = desired_entries(_claim(), DRIVER, prepared_outcome(_prepared()), NOW)
+    text = json.dumps(entries)
+    assert "tok-1" not in text  # not even the enrollment token's ID
+    assert "token" not in text.lower()
+
+
+def test_the_limits_are_checked() -> None:
+    condition = {"type": "Ready", "status": "True"}
+    with pytest.raises(ValueError, match="conditions"):
+        check_entry({"conditions": [condition] * (MAX_CONDITIONS + 1)})
+    with pytest.raises(ValueError, match="bytes"):
+        check_entry({"conditions": [], "data": {"zone": "z" * MAX_DATA_BYTES}})
+    with pytest.raises(ValueError, match="keys"):
+        check_entry({"conditions": [], "data": {"token": "x"}})
+
+
+def test_a_condition_keeps_its_transition_time_while_its_status_stays() -> None:
+    first = desired_entries(_claim(), DRIVER, prepared_outcome(_prepared()), NOW)
+    later = NOW + timedelta(hours=1)
+    again = desired_entries(_claim(devices=first), DRIVER, prepared_outcome(_prepared()), later)
+    assert again == first
+    failed = failed_outcome("boom", ErrorReason.INTERNAL, str)
+    flipped = desired_entries(_claim(devices=first), DRIVER, failed, later)
+    assert flipped[0]["conditions"][0]["lastTransitionTime"] == "2026-12-02T10:00:00Z"
+
+
+def test_an_unprepared_claim_has_no_entries() -> None:
+    assert desired_entries(_claim(), DRIVER, Outcome(ready=None), NOW) == []
+
+
+class FakeClaims:
+    """The claim's GET and a server-side apply by one field manager of one driver's entries."""
+
+    def __init__(self, claim: dict[str, Any] | None) -> None:
+        self.claim = claim
+        self.applies: list[tuple[str, dict[str, Any], str, bool]] = []
+        self.failures: list[Exception] = []
+
+    async def get(self, path: str, *, request_timeout: float | None = None) -> dict[str, Any]:
+        assert path == PATH
+        if self.claim is None:
+            raise NotFound("GET", path, 404, "NotFound", "not found")
+        copy: dict[str, Any] = json.loads(json.dumps(self.claim))
+        return copy
+
+    async def apply(
+        self, path: str, body: Mapping[str, Any], *, field_manager: str, force: bool = False
+    ) -> dict[str, Any]:
+        if self.failures:
+            raise self.failures.pop(0)
+        assert self.claim is not None
+        self.applies.append((path, json.loads(json.dumps(body)), field_manager, force))
+        kept = [d for d in self.claim["status"].get("devices") or [] if d["driver"] != DRIVER]
+        self.claim["status"]["devices"] = kept + list(body["status"]["devices"])
+        return self.claim
+
+
+def _writer(api: FakeClaims, registry: CollectorRegistry) -> ClaimStatusWriter:
+    return ClaimStatusWriter(
+        api, driver=DRIVER, scrub=str, registry=registry, retry_base=0.001, retry_cap=0.001
+    )
+
+
+def _count(registry: CollectorRegistry, result: str) -> float:
+    value = registry.get_sample_value(
+        "thunder_dra_daemon_claim_status_writes_total", {"result": result}
+    )
+    assert value is not None
+    return value
+
+
+async def test_the_writer_writes_only_its_entries_and_only_when_they_change() -> None:
+    api = FakeClaims(_claim(devices=[OTHER_ENTRY]))
+    registry = CollectorRegistry()
+    writer = _writer(api, registry)
+    writer.prepared(_prepared())
+    await writer.idle()
+    ((path, body, manager, force),) = api.applies
+    assert path == RESOURCE_CLAIMS.item("gpu", "work", "status")
+    assert manager == FIELD_MANAGER
+    assert force
+    assert body["kind"] == "ResourceClaim"
+    assert body["apiVersion"] == "resource.k8s.io/v1"
+    assert set(body["status"]) == {"devices"}
+    assert {d["driver"] for d in body["status"]["devices"]} == {DRIVER}
+    assert api.claim is not None
+    assert OTHER_ENTRY in api.claim["status"]["devices"]
+
+    writer.prepared(_prepared())  # the kubelet's repeated prepare: nothing changed
+    await writer.idle()
+    assert len(api.applies) == 1
+    assert _count(registry, "written") == 1
+    assert _count(registry, "unchanged") == 1
+
+    writer.unprepared(_prepared())
+    await writer.idle()
+    assert api.applies[-1][1]["status"] == {"devices": []}
+    assert api.claim["status"]["devices"] == [OTHER_ENTRY]
+    writer.unprepared(_prepared())
+    await writer.idle()
+    assert len(api.applies) == 2
+
+
+async def test_a_failed_write_is_retried_and_counted_and_never_raises() -> None:
+    api = FakeClaims(_claim())
+    api.failures = [Forbidden("PATCH", PATH, 403, "Forbidden", "no")] * 2
+    registry = CollectorRegistry()
+    writer = _writer(api, registry)
+    writer.failed(_prepared(), "Thunder mint failed: refused", ErrorReason.THUNDER_MINT)
+    await writer.idle()
+    assert _count(registry, "error") == 2
+    assert _count(registry, "written") == 1
+    assert api.claim is not None
+    (entry, _) = api.claim["status"]["devices"]
+    assert entry["conditions"][0]["status"] == "False"
+
+
+async def test_the_newest_outcome_of_a_claim_replaces_one_not_yet_written() -> None:
+    api = FakeClaims(_claim())
+    registry = CollectorRegistry()
+    writer = _writer(api, registry)
+    writer.failed(_prepared(), "first", ErrorReason.INTERNAL)
+    writer.prepared(_prepared())  # before the writer's task ran
+    await writer.idle()
+    assert len(api.applies) == 1
+    assert api.claim is not None
+    assert {d["conditions"][0]["status"] for d in api.claim["status"]["devices"]} == {"True"}
+
+
+async def test_a_claim_gone_or_recreated_is_left_alone() -> None:
+    registry = CollectorRegistry()
+    gone = FakeClaims(None)
+    writer = _writer(gone, registry)
+    writer.prepared(_prepared())
+    await writer.idle()
+    recreated = FakeClaims(_claim(uid="uid-2"))
+    writer = _writer(recreated, CollectorRegistry())
+    writer.prepared(_prepared())
+    await writer.idle()
+    assert gone.applies == []
+    assert recreated.applies == []
+    assert _count(registry, "gone") == 1
+
+
+async def test_close_stops_a_write_that_keeps_failing() -> None:
+    api = FakeClaims(_claim())
+    api.failures = [Forbidden("PATCH", PATH, 403, "Forbidden", "no")] * 1000
+    writer = ClaimStatusWriter(
+        api, driver=DRIVER, scrub=str, registry=CollectorRegistry(), retry_base=60, retry_cap=60
+    )
+    writer.prepared(_prepared())
+    await asyncio.sleep(0)
+    await writer.close()
+    await writer.idle()
+    assert api.applies == []

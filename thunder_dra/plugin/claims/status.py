@@ -1,0 +1,397 @@
+"""This driver's entries in ``ResourceClaim.status.devices``, written off the kubelet's path.
+
+For every device of a claim allocated from this driver the daemon keeps one entry
+(``driver``, ``pool``, ``device``, ``shareID`` when the allocation has one):
+
+- after a successful prepare: a ``Ready`` condition True, reason ``Prepared``, and
+  ``data`` with the claim's zone, GPU model and Thunder client ID (a VM's client is made
+  inside the guest: no client ID); never a token;
+- after a failed prepare: ``Ready`` False, a reason naming the failed step and the error
+  (secrets masked by the process's scrubber, at most :data:`MAX_MESSAGE` characters);
+- after an unprepare: no entry.
+
+The kubelet's call never waits for it: the handler hands each outcome to
+:class:`ClaimStatusWriter`, which writes it in the background, the newest outcome of a
+claim replacing one not yet written. Each write reads the claim first and writes only
+when this driver's entries differ (a condition keeps its ``lastTransitionTime`` while its
+status stays); the write is a server-side apply of this driver's entries alone with its
+own field manager (:data:`FIELD_MANAGER`), so the entries of other drivers and the rest
+of the status are left as they are. A failed write is logged, counted
+(``thunder_dra_daemon_claim_status_writes_total{result="error"}``) and retried with
+backoff until it succeeds, the claim is gone or a newer outcome replaces it; it never
+fails the prepare or unprepare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, Protocol
+
+from prometheus_client import CollectorRegistry, Counter
+
+from thunder_dra.backoff import backoff_delay
+from thunder_dra.kube import errors as kube_errors
+from thunder_dra.kube.resources import RESOURCE_CLAIMS
+from thunder_dra.plugin.metrics import ErrorReason
+from thunder_dra.plugin.state.checkpoint import ClaimRef, PreparedClaim
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER: Final = "thunder-dra-daemon"
+"""The server-side apply field manager of the daemon's entries (one per driver install:
+a claim is prepared on one node only)."""
+CONDITION_READY: Final = "Ready"
+REASON_PREPARED: Final = "Prepared"
+REASON_PREPARE_FAILED: Final = "PrepareFailed"
+"""The reason of a failure whose step has no reason of its own."""
+FAILURE_REASONS: Final = {
+    ErrorReason.CLAIM: "ClaimNotPreparable",
+    ErrorReason.POOL: "PoolUnknown",
+    ErrorReason.KUBERNETES: "KubernetesError",
+    ErrorReason.THUNDER_ZONE: "ThunderZoneFailed",
+    ErrorReason.THUNDER_MINT: "ThunderMintFailed",
+    ErrorReason.THUNDER_EXCHANGE: "ThunderExchangeFailed",
+    ErrorReason.THUNDER_REVOKE: "ThunderRevokeFailed",
+    ErrorReason.LIBTHUNDER: "LibthunderFailed",
+    ErrorReason.FILESYSTEM: "FilesystemError",
+    ErrorReason.INTERNAL: "InternalError",
+}
+"""The ``Ready`` condition's reason after a failed prepare, by the failed step."""
+MAX_CONDITIONS: Final = 8
+"""The API server's limit of conditions per device entry."""
+MAX_DATA_BYTES: Final = 10 * 1024
+"""The API server's limit of an entry's ``data`` (its JSON)."""
+MAX_MESSAGE: Final = 1024
+"""Characters of an error kept in the condition's message (the API allows 32768)."""
+TRUNCATED: Final = " [truncated]"
+DATA_KEYS: Final = ("zone", "gpuModel", "thunderClientId")
+"""What ``data`` may hold: nothing else is ever written there."""
+RETRY_BASE: Final = 1.0
+RETRY_CAP: Final = 60.0
+WRITE_CONCURRENCY: Final = 4
+"""Status writes in flight at once, across claims."""
+WRITE_RESULTS: Final = ("written", "unchanged", "gone", "error")
+
+JSON = dict[str, Any]
+
+
+class StatusApi(Protocol):
+    """What the writer needs of :class:`thunder_dra.kube.client.KubeClient`."""
+
+    async def get(self, path: str, *, request_timeout: float | None = None) -> JSON: ...
+
+    async def apply(
+        self, path: str, body: Mapping[str, Any], *, field_manager: str, force: bool = False
+    ) -> JSON: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one claim's entries say; ``ready`` None: the claim has no entries (unprepared)."""
+
+    ready: bool | None
+    reason: str = ""
+    message: str = ""
+    data: Mapping[str, str] | None = None
+
+
+UNPREPARED: Final = Outcome(ready=None)
+
+
+def bounded(message: str, limit: int = MAX_MESSAGE) -> str:
+    """``message`` cut to ``limit`` characters, marked when cut."""
+    if len(message) <= limit:
+        return message
+    return message[: limit - len(TRUNCATED)] + TRUNCATED
+
+
+def prepared_outcome(claim: PreparedClaim) -> Outcome:
+    """A prepared claim's entries: Ready, with its zone, GPU model and Thunder client ID."""
+    data = {"zone": claim.zone_name, "gpuModel": claim.gpu_type}
+    if claim.client_id:
+        data["thunderClientId"] = claim.client_id
+    kind = "a VM (its client enrolls in the guest)" if claim.is_vm else "a pod"
+    return Outcome(
+        ready=True,
+        reason=REASON_PREPARED,
+        message=f"Thunder client enrolled for {kind} in zone {claim.zone_name}",
+        data=data,
+    )
+
+
+def failed_outcome(message: str, reason: ErrorReason, scrub: Callable[[str], str]) -> Outcome:
+    """A failed prepare's entries: not Ready, the failed step as reason, the error scrubbed
+    of every secret the process knows and bounded."""
+    return Outcome(
+        ready=False,
+        reason=FAILURE_REASONS.get(reason, REASON_PREPARE_FAILED),
+        message=bounded(scrub(message)),
+    )
+
+
+def _key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    return (
+        str(entry.get("driver", "")),
+        str(entry.get("pool", "")),
+        str(entry.get("device", "")),
+        str(entry.get("shareID") or ""),
+    )
+
+
+def allocated_devices(claim: Mapping[str, Any], driver: str) -> list[JSON]:
+    """The claim's devices allocated from ``driver``, as entry keys, once each."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    keys: dict[tuple[str, str, str, str], JSON] = {}
+    for result in results:
+        if result.get("driver") != driver:
+            continue
+        entry: JSON = {"driver": driver, "pool": result["pool"], "device": result["device"]}
+        if result.get("shareID"):
+            entry["shareID"] = result["shareID"]
+        keys.setdefault(_key(entry), entry)
+    return list(keys.values())
+
+
+def current_entries(claim: Mapping[str, Any], driver: str) -> list[JSON]:
+    """``driver``'s entries in the claim's ``status.devices``."""
+    devices = (claim.get("status") or {}).get("devices") or []
+    return [d for d in devices if d.get("driver") == driver]
+
+
+def _timestamp(now: datetime) -> str:
+    return now.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ready_condition(outcome: Outcome, previous: Mapping[str, Any] | None, now: datetime) -> JSON:
+    status = "True" if outcome.ready else "False"
+    since = _timestamp(now)
+    if previous is not None and previous.get("status") == status:
+        since = str(previous.get("lastTransitionTime") or since)
+    return {
+        "type": CONDITION_READY,
+        "status": status,
+        "reason": outcome.reason,
+        "message": outcome.message,
+        "lastTransitionTime": since,
+    }
+
+
+def desired_entries(
+    claim: Mapping[str, Any], driver: str, outcome: Outcome, now: datetime
+) -> list[JSON]:
+    """This driver's entries as they should be: one per allocated device (none when
+    unprepared), each a ``Ready`` condition and, when prepared, its ``data``."""
+    if outcome.ready is None:
+        return []
+    current = {_key(e): e for e in current_entries(claim, driver)}
+    entries = []
+    for device in allocated_devices(claim, driver):
+        old = current.get(_key(device)) or {}
+        previous = next(
+            (c for c in old.get("conditions") or [] if c.get("type") == CONDITION_READY), None
+        )
+        entry: JSON = {**device, "conditions": [_ready_condition(outcome, previous, now)]}
+        if outcome.data:
+            entry["data"] = {k: outcome.data[k] for k in DATA_KEYS if k in outcome.data}
+        check_entry(entry)
+        entries.append(entry)
+    return entries
+
+
+def check_entry(entry: Mapping[str, Any]) -> None:
+    """Refuse an entry over the API server's limits (a bug here, never the claim's)."""
+    conditions = entry.get("conditions") or []
+    if len(conditions) > MAX_CONDITIONS:
+        raise ValueError(f"{len(conditions)} conditions, at most {MAX_CONDITIONS}")
+    if "data" in entry:
+        size = len(json.dumps(entry["data"], separators=(",", ":")).encode())
+        if size > MAX_DATA_BYTES or set(entry["data"]) - set(DATA_KEYS):
+            raise ValueError(f"data of {size} bytes with keys {sorted(entry['data'])}")
+
+
+_COMPARED: Final = ("driver", "pool", "device", "shareID", "data")
+_CONDITION_FIELDS: Final = ("type", "status", "reason", "message", "lastTransitionTime")
+
+
+def _comparable(entries: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    out = []
+    for entry in entries:
+        fields = {k: entry[k] for k in _COMPARED if entry.get(k)}
+        fields["conditions"] = [
+            {k: c.get(k, "") for k in _CONDITION_FIELDS} for c in entry.get("conditions") or []
+        ]
+        out.append((repr(_key(entry)), json.dumps(fields, sort_keys=True)))
+    return sorted(out)
+
+
+def unchanged(current: Sequence[Mapping[str, Any]], desired: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the stored entries already say what ``desired`` says."""
+    return _comparable(current) == _comparable(desired)
+
+
+def apply_body(namespace: str, name: str, entries: Sequence[Mapping[str, Any]]) -> JSON:
+    """The server-side apply of this driver's entries: the daemon's field manager owns
+    exactly these; an empty list removes the ones it wrote before."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "status": {"devices": list(entries)},
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimTarget:
+    """The claim an outcome is written to (its UID guards against a namesake)."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+class ClaimStatusWriter:
+    """Writes claims' outcomes to their ``status.devices`` in the background.
+
+    :meth:`prepared`, :meth:`failed` and :meth:`unprepared` return at once; one task per
+    claim writes its newest outcome, retrying with backoff while a write fails.
+    """
+
+    def __init__(
+        self,
+        kube: StatusApi,
+        *,
+        driver: str,
+        scrub: Callable[[str], str],
+        registry: CollectorRegistry,
+        retry_base: float = RETRY_BASE,
+        retry_cap: float = RETRY_CAP,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._kube = kube
+        self._driver = driver
+        self._scrub = scrub
+        self._retry_base = retry_base
+        self._retry_cap = retry_cap
+        self._clock = clock
+        self._pending: dict[str, tuple[ClaimTarget, Outcome]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(WRITE_CONCURRENCY)
+        self.writes = Counter(
+            "thunder_dra_daemon_claim_status_writes",
+            "Writes of this driver's entries in ResourceClaim status.devices, by result "
+            "(written, unchanged, gone: the claim no longer exists, error: retried).",
+            ["result"],
+            registry=registry,
+        )
+        for result in WRITE_RESULTS:
+            self.writes.labels(result)  # each series exposed at 0 from the start
+
+    # What the handler reports
+
+    def prepared(self, claim: PreparedClaim) -> None:
+        self._submit(claim, prepared_outcome(claim))
+
+    def failed(self, ref: ClaimRef, message: str, reason: ErrorReason) -> None:
+        self._submit(ref, failed_outcome(message, reason, self._scrub))
+
+    def unprepared(self, ref: ClaimRef) -> None:
+        self._submit(ref, UNPREPARED)
+
+    def _submit(self, ref: ClaimRef, outcome: Outcome) -> None:
+        self._pending[ref.uid] = (ClaimTarget(ref.namespace, ref.name, ref.uid), outcome)
+        task = self._tasks.get(ref.uid)
+        if task is None or task.done():
+            self._tasks[ref.uid] = asyncio.get_running_loop().create_task(
+                self._drain(ref.uid), name=f"claim-status-{ref.uid}"
+            )
+
+    # Writing
+
+    async def idle(self) -> None:
+        """Wait until every outcome handed over so far is written or dropped."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop writing (shutdown); outcomes not yet written are dropped."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _drain(self, uid: str) -> None:
+        failures = 0
+        try:
+            while uid in self._pending:
+                target, outcome = self._pending.pop(uid)
+                try:
+                    async with self._slots:
+                        await self.write(target, outcome)
+                except Exception as err:
+                    failures += 1
+                    self.writes.labels("error").inc()
+                    log.warning(
+                        "writing the claim's device status failed; will retry",
+                        extra={
+                            "claim_uid": uid,
+                            "namespace": target.namespace,
+                            "claim": target.name,
+                            "error": self._scrub(str(err)),
+                        },
+                    )
+                    # Retried unless a newer outcome arrived meanwhile.
+                    self._pending.setdefault(uid, (target, outcome))
+                    await asyncio.sleep(
+                        backoff_delay(failures, base=self._retry_base, cap=self._retry_cap)
+                    )
+                else:
+                    failures = 0
+        finally:
+            if self._tasks.get(uid) is asyncio.current_task():
+                del self._tasks[uid]
+
+    async def write(self, target: ClaimTarget, outcome: Outcome) -> None:
+        """One write of ``outcome`` (the writer's tasks call it; tests too)."""
+        path = RESOURCE_CLAIMS.item(target.name, target.namespace)
+        try:
+            claim = await self._kube.get(path)
+        except kube_errors.NotFound:
+            self.writes.labels("gone").inc()
+            return
+        if (claim.get("metadata") or {}).get("uid") != target.uid:
+            self.writes.labels("gone").inc()  # re-created under the same name
+            return
+        current = current_entries(claim, self._driver)
+        desired = desired_entries(claim, self._driver, outcome, self._clock())
+        if unchanged(current, desired):
+            self.writes.labels("unchanged").inc()
+            return
+        body = apply_body(target.namespace, target.name, desired)
+        try:
+            await self._kube.apply(
+                RESOURCE_CLAIMS.item(target.name, target.namespace, "status"),
+                body,
+                field_manager=FIELD_MANAGER,
+                force=True,
+            )
+        except kube_errors.NotFound:
+            self.writes.labels("gone").inc()
+            return
+        self.writes.labels("written").inc()
+        log.info(
+            "claim device status written",
+            extra={
+                "claim_uid": target.uid,
+                "namespace": target.namespace,
+                "claim": target.name,
+                "ready": outcome.ready,
+                "devices": len(desired),
+            },
+        )
