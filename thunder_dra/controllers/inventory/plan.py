@@ -129,7 +129,8 @@ def same_when_pruned(a: Any, b: Any) -> bool:
 
     Equal parts compare at C speed and are not walked, so a slice whose devices came back
     with a few defaulted empty fields costs a look at those devices' keys, not a pruned
-    copy of every device on both sides."""
+    copy of every device on both sides. Values compare as Python compares them (False == 0):
+    a field of the API's bodies is a boolean on both sides or a number on both sides."""
     if a == b:
         return True
     if isinstance(a, Mapping) and isinstance(b, Mapping):
