@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 from thunder_dra.proto_gen import (
+    dra_health_v1_pb2,
     dra_health_v1alpha1_pb2,
     dra_v1_pb2,
     dra_v1beta1_pb2,
@@ -54,11 +55,16 @@ def test_grpc_method_paths_are_the_kubelets() -> None:
             f"/{service}/NodePrepareResources",
             f"/{service}/NodeUnprepareResources",
         ]
-    assert _methods(dra_health_v1alpha1_pb2, "DRAResourceHealth") == [
-        "/v1alpha1.DRAResourceHealth/NodeWatchResources"
-    ]
-    health = dra_health_v1alpha1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"]
-    assert health.methods[0].server_streaming
+    # The kubelet names these services "v1.DRAResourceHealth" and
+    # "v1alpha1.DRAResourceHealth" in the registration's supported versions too.
+    for module, version in ((dra_health_v1_pb2, "v1"), (dra_health_v1alpha1_pb2, "v1alpha1")):
+        assert _methods(module, "DRAResourceHealth") == [
+            f"/{version}.DRAResourceHealth/NodeWatchResources"
+        ]
+        health = module.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+        assert health.full_name == f"{version}.DRAResourceHealth"
+        assert health.methods[0].server_streaming
+        assert not health.methods[0].client_streaming
 
 
 def _fields(message: object) -> dict[str, int]:
@@ -88,14 +94,40 @@ def test_field_numbers_are_the_kubelets() -> None:
         assert _fields(module.Claim) == {"namespace": 1, "uid": 2, "name": 3}
         assert _fields(module.NodePrepareResourceResponse) == {"devices": 1, "error": 2}
         assert _fields(module.NodeUnprepareResourceResponse) == {"error": 1}
-    assert _fields(dra_health_v1alpha1_pb2.DeviceHealth) == {
-        "device": 1,
-        "health": 2,
-        "last_updated_time": 3,
-        "health_check_timeout_seconds": 4,
-        "message": 5,
-    }
-    assert dra_health_v1alpha1_pb2.HealthStatus.Name(2) == "UNHEALTHY"
+    for health in (dra_health_v1_pb2, dra_health_v1alpha1_pb2):
+        assert _fields(health.DeviceHealth) == {
+            "device": 1,
+            "health": 2,
+            "last_updated_time": 3,
+            "health_check_timeout_seconds": 4,
+            "message": 5,
+        }
+        assert _fields(health.DeviceIdentifier) == {"pool_name": 1, "device_name": 2}
+        assert _fields(health.NodeWatchResourcesResponse) == {"devices": 1}
+        assert _fields(health.NodeWatchResourcesRequest) == {}
+        assert [(v.name, v.number) for v in health.HealthStatus.DESCRIPTOR.values] == [
+            ("UNKNOWN", 0),
+            ("HEALTHY", 1),
+            ("UNHEALTHY", 2),
+        ]
+
+
+def test_v1_and_v1alpha1_health_messages_are_the_same_on_the_wire() -> None:
+    """The kubelet converts a v1alpha1 stream to v1 field by field; one encoding serves both."""
+    device = dra_health_v1_pb2.DeviceHealth(
+        device=dra_health_v1_pb2.DeviceIdentifier(pool_name="zone-a/a6000", device_name="gpu-0"),
+        health=dra_health_v1_pb2.UNHEALTHY,
+        last_updated_time=1_800_000_000,
+        health_check_timeout_seconds=30,
+        message="client revoked",
+    )
+    wire = dra_health_v1_pb2.NodeWatchResourcesResponse(devices=[device]).SerializeToString()
+    decoded = dra_health_v1alpha1_pb2.NodeWatchResourcesResponse.FromString(wire)
+    (other,) = decoded.devices
+    assert other.device.device_name == "gpu-0"
+    assert other.health == dra_health_v1alpha1_pb2.UNHEALTHY
+    assert other.message == "client revoked"
+    assert other.health_check_timeout_seconds == 30
 
 
 def test_v1_share_id_is_optional_and_round_trips() -> None:

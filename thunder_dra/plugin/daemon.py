@@ -27,6 +27,7 @@ from thunder_dra.plugin.claims.recovery import InstanceJournal
 from thunder_dra.plugin.claims.status import ClaimStatusWriter
 from thunder_dra.plugin.config import DaemonConfig
 from thunder_dra.plugin.kubelet.handler import ClaimService, claim_service
+from thunder_dra.plugin.kubelet.health import HealthMonitor
 from thunder_dra.plugin.kubelet.service import PluginServer, SocketPaths
 from thunder_dra.plugin.metrics import DaemonMetrics, EnrollmentState
 from thunder_dra.plugin.node.enrollment import NodeEnroller
@@ -136,7 +137,14 @@ class Daemon:
         for prepared in claims.checkpoint.current.claims.values():
             if prepared.state is ClaimState.PREPARED:
                 status.prepared(prepared)
-        server = await self._serve_kubelet(service)
+        # Device health for the kubelet: one snapshot of Thunder's view every interval.
+        device_health = HealthMonitor(
+            lambda: claims.checkpoint.current.claims.values(),
+            thunder,
+            gauge=self.metrics.device_health,
+        )
+        self._tasks.append(asyncio.create_task(device_health.run(), name="device-health"))
+        server = await self._serve_kubelet(service, device_health)
         health = await self._serve_health(server, enroller)
         if enroller is not None:
             self._tasks.append(asyncio.create_task(enroller.run(), name="node-enrollment"))
@@ -276,8 +284,10 @@ class Daemon:
             raise StartupError(f"{err}; run the daemon version that wrote it") from None
         self.metrics.prepared_claims.set(len(claims.checkpoint.current.claims))
 
-    async def _serve_kubelet(self, service: ClaimService) -> PluginServer:
-        """The registration and DRA sockets."""
+    async def _serve_kubelet(
+        self, service: ClaimService, device_health: HealthMonitor
+    ) -> PluginServer:
+        """The registration and DRA sockets (with device health on the DRA socket)."""
         cfg = self.config
         paths = SocketPaths.for_instance(
             cfg.driver_name, cfg.instance_id, cfg.registry_dir, cfg.plugin_dir
@@ -287,6 +297,7 @@ class Daemon:
             service,
             paths,
             on_registration=lambda ok, _: self.metrics.registered.set(1 if ok else 0),
+            device_health=device_health,
         )
         await server.start()
         self._closers.append(server.stop)

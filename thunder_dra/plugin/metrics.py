@@ -52,6 +52,7 @@ OPERATIONS = ("prepare", "unprepare", "journal-sweep")
 RESTART_RESULTS = ("success", "failure")
 ROLLBACK_OUTCOMES = ("committed", "rolled-back", "unrevocable", "nothing-minted")
 LOOPS = ("node-enrollment",)
+HEALTH_STATES = ("healthy", "unhealthy", "unknown")  # kubelet.health.Health
 
 
 class DaemonMetrics:
@@ -130,6 +131,12 @@ class DaemonMetrics:
             " (node-enrollment: enrollment and the thunderd watch; journal-sweep).",
             ["loop"],
         )
+        self.device_health = family.gauge(
+            "device_health",
+            "Devices prepared on this node by the health last reported to the kubelet"
+            " (healthy, unhealthy, unknown).",
+            ["health"],
+        )
         self.thunder = metrics_for(self.registry)
         self.set_enrollment(EnrollmentState.PENDING)
         self._initialize_series()
@@ -147,6 +154,8 @@ class DaemonMetrics:
             self.rollbacks.labels(outcome)
         for loop in LOOPS:
             self.loop_errors.labels(loop)
+        for health in HEALTH_STATES:
+            self.device_health.labels(health)
 
     def set_enrollment(self, state: EnrollmentState) -> None:
         for each in EnrollmentState:

@@ -1,11 +1,14 @@
-"""The kubelet-facing gRPC surface: plugin registration and the DRA service, on unix sockets.
+"""The kubelet-facing gRPC surface: plugin registration, the DRA service and device
+health, on unix sockets.
 
 The kubelet discovers the plugin through a registration socket in its
 ``plugins_registry`` directory and then calls the DRA service on the endpoint
-that GetInfo names. Both sockets carry this daemon instance's ID so that, in a
-rolling update, the old and the new daemon serve side by side and the kubelet
-is never left without a plugin. Sockets the kubelet (or a reboot) deletes are
-re-created.
+that GetInfo names. When the daemon reports device health, GetInfo lists the
+``DRAResourceHealth`` services too and the kubelet watches the newest it knows
+(``v1`` from Kubernetes 1.37, else ``v1alpha1``) on the same endpoint. Both
+sockets carry this daemon instance's ID so that, in a rolling update, the old and
+the new daemon serve side by side and the kubelet is never left without a plugin.
+Sockets the kubelet (or a reboot) deletes are re-created.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,8 +26,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 
+from thunder_dra.plugin.kubelet.health import HEALTH_TIMEOUT_SECONDS, HealthMonitor
 from thunder_dra.plugin.state.checkpoint import ClaimRef, PreparedClaim
 from thunder_dra.proto_gen import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -38,6 +46,9 @@ log = logging.getLogger(__name__)
 PLUGIN_TYPE = "DRAPlugin"
 # In the kubelet's preference order: the first one it supports is used.
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# Listed as well when the daemon reports device health; the kubelet (1.37) watches the
+# first of its own list, v1 then v1alpha1, that the plugin lists.
+HEALTH_VERSIONS = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 UNIX_PATH_MAX = 107
 
 
@@ -87,18 +98,54 @@ class _DRAServicer:
         return response
 
 
+class _HealthServicer:
+    """Serves one DRAResourceHealth API version; v1 and v1alpha1 share message shapes.
+
+    Every watcher gets the monitor's snapshots: the newest at once, then each new one
+    (every ``HEALTH_INTERVAL`` seconds), each the whole list of prepared devices."""
+
+    def __init__(self, monitor: HealthMonitor, pb: Any) -> None:
+        self._monitor = monitor
+        self._pb = pb
+
+    async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        pb = self._pb
+        async for snapshot in self._monitor.watch():
+            response = pb.NodeWatchResourcesResponse()
+            for device in snapshot.devices:
+                response.devices.append(
+                    pb.DeviceHealth(
+                        device=pb.DeviceIdentifier(
+                            pool_name=device.pool_name, device_name=device.device_name
+                        ),
+                        health=pb.HealthStatus.Value(device.health.value.upper()),
+                        last_updated_time=snapshot.taken_at,
+                        health_check_timeout_seconds=HEALTH_TIMEOUT_SECONDS,
+                        message=device.message,
+                    )
+                )
+            yield response
+
+
 class _RegistrationServicer:
-    def __init__(self, driver: str, endpoint: str, on_status: Callable[[bool, str], None]) -> None:
+    def __init__(
+        self,
+        driver: str,
+        endpoint: str,
+        on_status: Callable[[bool, str], None],
+        versions: Sequence[str] = SUPPORTED_VERSIONS,
+    ) -> None:
         self._driver = driver
         self._endpoint = endpoint
         self._on_status = on_status
+        self._versions = list(versions)
 
     async def GetInfo(self, request: Any, context: Any) -> Any:
         return pluginregistration_v1_pb2.PluginInfo(
             type=PLUGIN_TYPE,
             name=self._driver,
             endpoint=self._endpoint,
-            supported_versions=list(SUPPORTED_VERSIONS),
+            supported_versions=self._versions,
         )
 
     async def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
@@ -135,7 +182,10 @@ class RegistrationState:
 
 
 class PluginServer:
-    """Runs the registration and DRA gRPC servers and keeps their sockets present."""
+    """Runs the registration and DRA gRPC servers and keeps their sockets present.
+
+    With ``device_health``, the DRA socket serves DRAResourceHealth v1 and v1alpha1 from
+    it and the registration lists both (:data:`HEALTH_VERSIONS`)."""
 
     def __init__(
         self,
@@ -144,10 +194,12 @@ class PluginServer:
         paths: SocketPaths,
         socket_check_interval: float = 1.0,
         on_registration: Callable[[bool, str], Awaitable[None] | None] | None = None,
+        device_health: HealthMonitor | None = None,
     ) -> None:
         self.driver = driver
         self.handler = handler
         self.paths = paths
+        self.device_health = device_health
         self.registration = RegistrationState()
         self.health = health_aio.HealthServicer()
         self._interval = socket_check_interval
@@ -173,6 +225,13 @@ class PluginServer:
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
             _DRAServicer(self.handler, dra_v1beta1_pb2), server
         )
+        if self.device_health is not None:
+            dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+                _HealthServicer(self.device_health, dra_health_v1_pb2), server
+            )
+            dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+                _HealthServicer(self.device_health, dra_health_v1alpha1_pb2), server
+            )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         server.add_insecure_port(f"unix:{self.paths.dra}")
         await server.start()
@@ -182,7 +241,9 @@ class PluginServer:
     async def _start_registration(self) -> None:
         _remove_stale(self.paths.registration)
         server = grpc.aio.server()
-        servicer = _RegistrationServicer(self.driver, str(self.paths.dra), self._status)
+        servicer = _RegistrationServicer(
+            self.driver, str(self.paths.dra), self._status, self.supported_versions
+        )
         pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(servicer, server)
         server.add_insecure_port(f"unix:{self.paths.registration}")
         await server.start()
@@ -241,6 +302,13 @@ class PluginServer:
             self._restarts += 1
 
     @property
+    def supported_versions(self) -> tuple[str, ...]:
+        """What the registration lists: the DRA services, and health when it is served."""
+        if self.device_health is None:
+            return SUPPORTED_VERSIONS
+        return SUPPORTED_VERSIONS + HEALTH_VERSIONS
+
+    @property
     def socket_restarts(self) -> int:
         return self._restarts
 
@@ -255,6 +323,10 @@ class PluginServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
         await self.health.enter_graceful_shutdown()
+        if self.device_health is not None:
+            # Health watches never end on their own: finish them rather than wait out
+            # the grace period below.
+            self.device_health.close()
         # The registration socket goes first: the kubelet stops routing new calls here
         # while calls already in flight on the DRA socket finish within the grace period.
         await self._stop_server(self._reg_server)
