@@ -178,6 +178,11 @@ def device_names(obj: object) -> list[str]:
 # -- ResourceClaim (resource.k8s.io/v1) ---------------------------------------------------
 
 
+def claim_requests(obj: object) -> list[Mapping[str, Any]]:
+    """`spec.devices.requests` of a ResourceClaim."""
+    return _mappings(_mapping(spec(obj).get("devices")).get("requests"))
+
+
 def allocation(obj: object) -> Mapping[str, Any]:
     """`status.allocation` of a ResourceClaim; empty while unallocated."""
     return _mapping(status(obj).get("allocation"))

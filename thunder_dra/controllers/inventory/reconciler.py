@@ -41,6 +41,7 @@ from thunder_dra.api.thundercluster import InventoryProtectionSpec, PoolStatus, 
 from thunder_dra.controllers.inventory.capacity import PoolCapacity, compute_capacity
 from thunder_dra.controllers.inventory.classes import build_device_classes, selector_expression
 from thunder_dra.controllers.inventory.guard import GuardDecision, PublishedPool, judge
+from thunder_dra.controllers.inventory.notices import notices, post_notices, tainted_classes
 from thunder_dra.controllers.inventory.plan import group_by_pool
 from thunder_dra.controllers.inventory.publish import Publisher, PublishOutcome
 from thunder_dra.controllers.inventory.slices import (
@@ -63,7 +64,7 @@ from thunder_dra.controllers.inventory.taints import (
 )
 from thunder_dra.controllers.inventory.thunder import ThunderInventory, read_inventory
 from thunder_dra.controllers.shared.metrics import OperatorMetrics
-from thunder_dra.controllers.shared.objects import list_claims, list_device_classes
+from thunder_dra.controllers.shared.objects import ClaimIndex, list_claims, list_device_classes
 from thunder_dra.controllers.shared.ownership import ThunderClusterRef
 from thunder_dra.controllers.shared.status import ConditionState
 from thunder_dra.controllers.shared.thunderapi import ThunderClients, TokenUnavailable, read_token
@@ -474,12 +475,12 @@ class InventoryReconciler:
             await self._events.post(ref, "Warning", "ThunderUnreachable", message)
             self._metrics.thunder_reachable.set(0)
             owner = ThunderClusterRef(cluster.metadata.name, cluster.metadata.uid or "")
+            outage_config = InventoryConfig.from_spec(spec, owner=owner)
             outcome = await self._publish_outage(
-                InventoryConfig.from_spec(spec, owner=owner),
-                slices,
-                claims.allocated_devices(),
-                ref,
+                outage_config, slices, claims.allocated_devices(), ref
             )
+            del slices
+            await self._notify_waiting(claims, outage_config)
             return InventoryResult(
                 "thunder_unavailable",
                 ConditionState(False, read.error_kind or "ThunderUnreachable", message),
@@ -527,11 +528,26 @@ class InventoryReconciler:
             ref,
         )
         del slices
+        await self._notify_waiting(claims, config)
         kept = set(outcome.kept_pools)
         pool_figures = [*pools, *(p for p in previous_pools if p.pool in kept)]
         result = self._result(read, outcome, pool_figures)
         result.suspect = suspect
         return result
+
+    async def _notify_waiting(self, claims: ClaimIndex, config: InventoryConfig) -> None:
+        """Tell claims waiting for tainted devices, and their pods, why (`notices`). The
+        slices are listed again only when a claim waits."""
+        if not claims.pending:
+            return
+        try:
+            slices = await self._publisher.cache.slices(self._kube)
+        except KubeError as exc:
+            _log.warning("could not list slices for waiting claims", extra={"error": str(exc)})
+            return
+        tainted = tainted_classes(slices, config.driver_name, config.device_class_prefix)
+        if tainted:
+            await post_notices(self._events, notices(claims.pending, tainted))
 
     async def _publish(
         self,

@@ -17,7 +17,10 @@ holds, not against what it remembers writing. The cache is filled by a whole lis
 when it is empty or too much changed, and by the answers to the operator's writes.
 
 ResourceClaims are reduced to what the operator needs: the devices allocated from this
-driver's pools, and the UIDs of claims by name.
+driver's pools, the UIDs of claims by name, and the claims still waiting for an
+allocation (`PendingClaim`: the DeviceClasses they ask for and the pod that owns them),
+at most `MAX_PENDING` of them, so that a pass can tell their pods why tainted devices
+are not allocated to them (`inventory.notices`).
 """
 
 from __future__ import annotations
@@ -252,6 +255,50 @@ async def list_device_classes(kube: KubeClient) -> list[dict[str, Any]]:
     return classes
 
 
+MAX_PENDING: Final = 500
+"""Unallocated claims a pass keeps (namespace and name order of the listing beyond it
+is the API server's); a cluster with more waiting claims has bigger problems to tell."""
+MAX_CLASSES_PER_CLAIM: Final = 32
+"""DeviceClass names kept per claim: the API's limit of requests times subrequests is far
+above what a Thunder claim asks, and the rest would only be read to be dropped."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingClaim:
+    """A ResourceClaim with no allocation yet, as far as the notices need it."""
+
+    namespace: str
+    name: str
+    uid: str
+    classes: frozenset[str]
+    """The DeviceClasses its requests ask for (exactly, and each firstAvailable entry)."""
+    pod: tuple[str, str] | None = None
+    """(name, uid) of the pod that controls it (a claim made from a pod's template)."""
+
+
+def requested_classes(obj: object) -> frozenset[str]:
+    found: set[str] = set()
+    for request in bodies.claim_requests(obj):
+        exactly = request.get("exactly")
+        names = [exactly.get("deviceClassName")] if isinstance(exactly, Mapping) else []
+        first = request.get("firstAvailable")
+        if isinstance(first, list):
+            names += [s.get("deviceClassName") for s in first if isinstance(s, Mapping)]
+        found.update(n for n in names if isinstance(n, str) and n)
+        if len(found) >= MAX_CLASSES_PER_CLAIM:
+            break
+    return frozenset(sorted(found)[:MAX_CLASSES_PER_CLAIM])
+
+
+def _controlling_pod(obj: object) -> tuple[str, str] | None:
+    for ref in bodies.owner_references(obj):
+        if ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1" and ref.get("controller"):
+            name, uid = ref.get("name"), ref.get("uid")
+            if isinstance(name, str) and name and isinstance(uid, str) and uid:
+                return (name, uid)
+    return None
+
+
 @dataclass(slots=True)
 class ClaimIndex:
     """What the operator needs to know about every ResourceClaim."""
@@ -260,6 +307,8 @@ class ClaimIndex:
     """(namespace, name) -> uid of every claim."""
     allocated: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     """Pool name -> device names allocated from it to claims, for one driver."""
+    pending: list[PendingClaim] = field(default_factory=list)
+    """Claims not allocated yet and not being deleted, at most `MAX_PENDING`."""
 
     def allocated_devices(self) -> dict[str, frozenset[str]]:
         return {pool: frozenset(devices) for pool, devices in self.allocated.items()}
@@ -275,6 +324,12 @@ def index_claim(index: ClaimIndex, obj: Mapping[str, Any], driver_name: str) -> 
         pool, device = result.get("pool"), result.get("device")
         if isinstance(pool, str) and isinstance(device, str):
             index.allocated[pool].add(device)
+    if bodies.allocation(obj) or bodies.metadata(obj).get("deletionTimestamp"):
+        return
+    if namespace and name and uid and len(index.pending) < MAX_PENDING:
+        classes = requested_classes(obj)
+        if classes:
+            index.pending.append(PendingClaim(namespace, name, uid, classes, _controlling_pod(obj)))
 
 
 async def list_claims(kube: KubeClient, driver_name: str) -> ClaimIndex:
