@@ -6,8 +6,9 @@
   Pending (the scheduler cannot allocate a tainted device); a pass with no change then
   makes no write (the stored `timeAdded` is carried back); when Thunder is back the
   taints go and the pending pod is scheduled.
-- A zone whose hosts cannot be read: its devices are tainted `ZoneUnreadable`, in the
-  same slices; when it is read again, the taints go.
+- A zone whose hosts cannot be read: its 200 devices are tainted `ZoneUnreadable`, in
+  the same 4 slices of 64; when it is read again, the taints go. The API server takes a
+  slice of 64 devices with a taint and refuses 65 (the limit the layout is chosen for).
 - An admin's DeviceTaintRule is never touched, and its taint never written into the
   operator's slices.
 
@@ -21,6 +22,8 @@ import uuid
 from typing import Any
 
 import httpx
+import pytest
+from kubernetes.dynamic.exceptions import DynamicApiError
 
 from hack.testbed.kube import wait_for
 from hack.testbed.operator import RESOURCE_API, OperatorEnv
@@ -162,9 +165,12 @@ def test_thunder_unreachable_taints_every_device_new_pods_pend_running_pods_stay
 def test_an_unreadable_zone_is_tainted_in_place_and_untainted_when_read(env: OperatorEnv) -> None:
     zone = env.zone("unread")
     pool = f"{zone}/a6000"
-    env.add_zone(zone, [("A6000", 3)])
+    # 200 devices in 4 slices of 64: tainting them all moves none (the API allows a
+    # slice with a tainted device at most 64).
+    env.add_zone(zone, [("A6000", 50)] * 4)
     env.sync()
     before = layout(env, pool)
+    assert sorted(len(devices) for devices in before.values()) == [8, 64, 64, 64]
 
     # Hosts unreadable: zones are listed, but none can be counted.
     fault = env.fake.admin.add_fault("/api/v1/hosts", method="GET", status=502)
@@ -172,7 +178,7 @@ def test_an_unreadable_zone_is_tainted_in_place_and_untainted_when_read(env: Ope
         env.sync()
         taints = unbacked(env, pool)
         assert {name: value for name, (value, _) in taints.items()} == {
-            f"a6000-{i}": "ZoneUnreadable" for i in range(3)
+            f"a6000-{i}": "ZoneUnreadable" for i in range(200)
         }
         assert layout(env, pool) == before, "nothing withdrawn, nothing moved"
         assert any("tainted" in e["message"] for e in env.events("ZoneUnreadable"))
@@ -193,8 +199,9 @@ def test_an_unreadable_zone_is_tainted_in_place_and_untainted_when_read(env: Ope
             capture_output=True,
             text=True,
         ).stdout
-        expected = " ".join(f"a6000-{i}=ZoneUnreadable" for i in range(3))
-        assert f"{pool}: {expected}" in shown.splitlines(), shown
+        for devices in before.values():
+            expected = " ".join(f"{name}=ZoneUnreadable" for name in devices)
+            assert f"{pool}: {expected}" in shown.splitlines(), shown
 
         mark = len(env.cluster.audit_events())
         env.sync()
@@ -240,3 +247,35 @@ def test_a_device_taint_rule_is_left_alone(env: OperatorEnv) -> None:
         assert unbacked(env, pool) == {}, "the rule's taint is not written into the slices"
     finally:
         env.kube.delete(RESOURCE_API, "DeviceTaintRule", name)
+
+
+def test_the_api_server_allows_64_devices_in_a_slice_with_a_taint_and_no_more(
+    env: OperatorEnv,
+) -> None:
+    """The limit the 64-device layout is chosen for, as the pinned API server applies it."""
+
+    def body(name: str, count: int) -> dict[str, Any]:
+        devices: list[dict[str, Any]] = [{"name": f"d-{i}"} for i in range(count)]
+        devices[0]["taints"] = [{"key": TAINT_KEY, "value": "HostsOffline", "effect": "NoSchedule"}]
+        return {
+            "apiVersion": RESOURCE_API,
+            "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {
+                "driver": "limits.example.com",
+                "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+                "allNodes": True,
+                "devices": devices,
+            },
+        }
+
+    try:
+        created = env.kube.create(body("taint-limit-64", 64))
+        assert created["spec"]["devices"][0]["taints"][0]["timeAdded"], "stamped"
+        with pytest.raises(DynamicApiError) as refused:
+            env.kube.create(body("taint-limit-65", 65))
+        assert refused.value.status == 422
+        assert "64" in str(refused.value.body)
+    finally:
+        for name in ("taint-limit-64", "taint-limit-65"):
+            env.kube.delete(RESOURCE_API, "ResourceSlice", name)
