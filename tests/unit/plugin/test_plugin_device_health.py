@@ -292,6 +292,23 @@ async def test_a_slow_thunder_makes_the_zone_unknown_after_the_read_timeout() ->
     assert device.message == "Thunder cannot be read for zone zone-a: no answer within 0.1 s"
 
 
+class BrokenReader:
+    async def list_clients(self, zone_id: str | None = None) -> list[ClientRecord]:
+        raise RuntimeError("a bug, not Thunder")
+
+    async def list_hosts(self, zone_id: str | None = None) -> list[Host]:
+        return []
+
+
+async def test_a_failure_of_the_code_itself_reads_unknown() -> None:
+    monitor = HealthMonitor(
+        lambda: [_claim("u1", "a", "c-a-0")], BrokenReader(), interval=1, read_timeout=1
+    )
+    (device,) = (await monitor.refresh()).devices
+    assert device.health is Health.UNKNOWN
+    assert device.message == "Thunder cannot be read for zone zone-a: internal error (RuntimeError)"
+
+
 async def test_a_long_error_is_cut_to_the_kubelets_message_limit(world: World) -> None:
     world.claims = [_claim("u1", "a", "c-a-0")]
     world.fault("/api/v1/clients", status=500, body={"message": "x " * 5000})
