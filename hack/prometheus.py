@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-import types
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -95,15 +94,16 @@ def annotation_scrape_configs(
     ]  # fmt: skip
 
 
-class Prometheus:
+class Prometheus(supervise.Served):
     """One Prometheus process: ``start`` (or ``with``) runs it, ``stop`` ends it."""
+
+    grace = 20
 
     def __init__(self, workdir: Path, config: dict[str, Any], rules: str | None = None) -> None:
         self.workdir = workdir
         self.config = config
         self.rules = rules
         self.port = 0
-        self._popen: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -150,22 +150,6 @@ class Prometheus:
             time.sleep(0.2)
         self.stop()
         raise PrometheusError(f"prometheus was not ready on {self.url} within 60s")
-
-    def stop(self) -> None:
-        if self._popen is not None:
-            supervise.stop(self._popen, 20)
-            self._popen = None
-
-    def __enter__(self) -> Prometheus:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def api(self, path: str, **params: str) -> Any:
         """GET ``/api/v1/<path>``; its ``data`` (raises on an error status)."""

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -53,13 +52,12 @@ def unavailable() -> str | None:
     return None
 
 
-class Registry:
+class Registry(supervise.Served):
     """One registry process: ``start`` (or ``with``) runs it, ``stop`` ends it."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.port = 0
-        self._popen: subprocess.Popen[bytes] | None = None
 
     @property
     def host(self) -> str:
@@ -107,22 +105,6 @@ class Registry:
                 time.sleep(0.1)
         self.stop()
         raise RegistryError(f"{BINARY} did not answer on {self.host} within 30s")
-
-    def stop(self) -> None:
-        if self._popen is not None:
-            supervise.stop(self._popen, 10)
-            self._popen = None
-
-    def __enter__(self) -> Registry:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def get(self, path: str, accept: str | None = None) -> Any:
         """GET ``path`` from the registry's API; its JSON body (None when 404)."""

@@ -16,14 +16,16 @@ control plane an earlier ``python -m hack.cluster up`` left running). Starting t
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import signal
 import subprocess
 import time
+import types
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 
 def _send(pid: int, signum: int) -> None:
@@ -62,6 +64,35 @@ def stop(process: subprocess.Popen[Any], grace: float, pid: int | None = None) -
     when it had to be killed. ``process.returncode`` holds its exit status either way."""
     terminate(process, pid)
     return reap(process, grace, pid)
+
+
+class Served(abc.ABC):
+    """A server process of the platform (the registry, Prometheus): ``start`` (or
+    ``with``) runs it and returns once it answers, ``stop`` ends it as ``stop`` does,
+    within ``grace`` seconds."""
+
+    grace: float = 10
+    _popen: subprocess.Popen[bytes] | None = None
+
+    @abc.abstractmethod
+    def start(self) -> Self:
+        """Run the process; return once it answers."""
+
+    def stop(self) -> None:
+        if self._popen is not None:
+            stop(self._popen, self.grace)
+            self._popen = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 def alive(pid: int) -> bool:
