@@ -80,8 +80,14 @@ SANDBOX_TMPFS = (
 SANDBOX_KUBELET_ROOT = "/var/lib/kubelet"
 SANDBOX_HOST_BIN = "/usr/local/sbin"
 # The node-lifecycle controller clears the not-ready taint; the endpoints controllers
-# give Services of real pods (the chart's webhook) endpoints the apiserver can call.
-CONTROLLERS = ("node-lifecycle-controller", "endpoints-controller", "endpointslice-controller")
+# give Services of real pods (the chart's webhook) endpoints the apiserver can call; the
+# job controller runs the chart's pre-delete hook, a Job.
+CONTROLLERS = (
+    "node-lifecycle-controller",
+    "endpoints-controller",
+    "endpointslice-controller",
+    "job-controller",
+)
 CNI_BIN = Path("/usr/lib/cni")
 CGROUP_FS = Path("/sys/fs/cgroup")
 # Kernel settings the kubelet sets at start (pkg/kubelet/cm setupKernelTunables).
