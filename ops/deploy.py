@@ -373,7 +373,9 @@ def cmd_uninstall(cluster: Cluster, stdin: TextIO, out: TextIO) -> int:
     held = delete_thunderclusters(cluster, _thunderclusters(cluster, release_only=True), out)
     # helm's --wait would wait for a ThunderCluster nothing releases any more.
     wait = [] if held else ["--wait"]
-    cluster.helm("uninstall", s.release, "--namespace", s.namespace, *wait)
+    # --no-hooks: the chart's pre-delete hook makes the checks just made (without FORCE,
+    # and without the finalizer release below when the operator is gone).
+    cluster.helm("uninstall", s.release, "--namespace", s.namespace, "--no-hooks", *wait)
     release_operator_finalizer(cluster, held, out)
     out.write(
         "The CRDs and the namespace remain (and Client records, if any); "
@@ -459,7 +461,7 @@ def cmd_purge(cluster: Cluster, stdin: TextIO, out: TextIO) -> int:
     listed = cluster.helm("status", s.release, "--namespace", s.namespace, check=False, quiet=True)
     if listed.returncode == 0:
         wait = [] if held else ["--wait"]
-        cluster.helm("uninstall", s.release, "--namespace", s.namespace, *wait)
+        cluster.helm("uninstall", s.release, "--namespace", s.namespace, "--no-hooks", *wait)
     admission = "admissionregistration.k8s.io/v1"
     _delete_all(cluster, admission, "ValidatingWebhookConfiguration", APP_SELECTOR, out)
     release_operator_finalizer(cluster, held, out)

@@ -89,7 +89,9 @@ def release(cluster: Cluster, kube: Kube) -> Iterator[Release]:
             kube.core.delete_namespaced_service(f"{name}-thunder-device-plugin-webhook", namespace)
         yield Release(name, namespace, cluster_name, env, done.stdout + done.stderr)
     finally:
-        _helm(env, "uninstall", name, "--namespace", namespace, "--wait", check=False)
+        # --no-hooks: no kubelet runs the chart's pre-delete Job here (it is tested in
+        # test_packaging_uninstall_hook by running its script).
+        _helm(env, "uninstall", name, "--namespace", namespace, "--wait", "--no-hooks", check=False)
         kube.core.delete_namespace(namespace)
 
 

@@ -267,7 +267,9 @@ def installed(
                 )
         if operator is not None:
             operator.stop()
-        _helm(env, "uninstall", release, "--namespace", namespace, check=False)
+        # --no-hooks: no kubelet runs the chart's pre-delete Job here (it is tested in
+        # test_packaging_uninstall_hook by running its script).
+        _helm(env, "uninstall", release, "--namespace", namespace, "--no-hooks", check=False)
         if kube.get(THUNDER_API, "ThunderCluster", tc_name) is not None:
             kube.resource(THUNDER_API, "ThunderCluster").patch(
                 name=tc_name,

@@ -30,7 +30,7 @@ def test_every_rule_of_every_role_is_a_row(rendered: str) -> None:
     )
     rows = permissions_table.rules(rendered)
     assert sorted((r.resources, r.verbs) for r in rows) == wanted
-    assert {r.who for r in rows} == {"operator", "daemon", "test"}
+    assert {r.who for r in rows} == {"operator", "daemon", "test", "pre-delete"}
 
 
 def test_the_daemon_writes_setup_secrets_and_reads_none(rendered: str) -> None:
