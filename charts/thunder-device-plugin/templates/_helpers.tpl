@@ -61,8 +61,13 @@ app.kubernetes.io/component: operator
 {{- printf "%s-webhook" (include "tdp.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The webhook's serving certificate Secret: webhook.tls.existingSecret, or the chart's own. */}}
 {{- define "tdp.webhookSecret" -}}
+{{- if .Values.webhook.tls.existingSecret -}}
+{{- .Values.webhook.tls.existingSecret -}}
+{{- else -}}
 {{- printf "%s-webhook-tls" (include "tdp.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "tdp.webhookConfiguration" -}}
@@ -94,10 +99,23 @@ deleted Secret, mints a new CA. Both keys are ECDSA P-256, as the cert-manager
 Certificate asks for (and an RSA key costs most of a render's time). Computed once per
 render and cached, so the Secret, the webhook configuration's caBundle and the
 Deployment's checksum agree.
+With webhook.tls.existingSecret the certificate is the user's: nothing is generated or
+looked up, so every render (`helm template` included) is the same; "ca" is
+webhook.tls.caBundle, and "crt", which only feeds the Deployment's checksum, is that
+CA too, so a new CA rolls the operator onto the new Secret.
 Result: a dict with base64 "ca", "crt" and "key".
 */}}
 {{- define "tdp.webhookTLS" -}}
 {{- if not (hasKey .Values "__webhookTLS") -}}
+{{- if .Values.webhook.tls.existingSecret -}}
+{{- if .Values.webhook.certManager.enabled -}}
+{{- fail "webhook.tls.existingSecret and webhook.certManager.enabled: choose one source of the webhook's certificate" -}}
+{{- end -}}
+{{- if not .Values.webhook.tls.caBundle -}}
+{{- fail (printf "webhook.tls.caBundle: required with webhook.tls.existingSecret; set it to the base64 PEM of the CA that signed %s's certificate (for a Secret that holds it: kubectl -n %s get secret %s -o jsonpath='{.data.ca\\.crt}')" .Values.webhook.tls.existingSecret .Release.Namespace .Values.webhook.tls.existingSecret) -}}
+{{- end -}}
+{{- $_ := set .Values "__webhookTLS" (dict "ca" .Values.webhook.tls.caBundle "crt" .Values.webhook.tls.caBundle "key" "") -}}
+{{- else -}}
 {{- $secret := lookup "v1" "Secret" .Release.Namespace (include "tdp.webhookSecret" .) -}}
 {{- $data := dict -}}
 {{- if and $secret $secret.data -}}
@@ -116,6 +134,7 @@ Result: a dict with base64 "ca", "crt" and "key".
 {{- $tls = dict "ca" ($ca.Cert | b64enc) "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) -}}
 {{- end -}}
 {{- $_ := set .Values "__webhookTLS" $tls -}}
+{{- end -}}
 {{- end -}}
 {{- toYaml (get .Values "__webhookTLS") -}}
 {{- end -}}
