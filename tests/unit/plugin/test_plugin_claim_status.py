@@ -1,6 +1,7 @@
 """The daemon's entries in ResourceClaim.status.devices (thunder_dra/plugin/claims/status.py):
 their shape and limits, that no secret reaches them, that nothing is written when nothing
-changed, and that a failed write is retried in the background without failing anything."""
+changed, and that a failed write is retried in the background without failing anything:
+the kubelet's handler answers before the write and whatever the write does."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import asyncio
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
+from opentelemetry.trace import NoOpTracer
 from prometheus_client import CollectorRegistry
 
 from thunder_dra.kube.errors import Forbidden, NotFound
@@ -30,8 +33,11 @@ from thunder_dra.plugin.claims.status import (
     failed_outcome,
     prepared_outcome,
 )
-from thunder_dra.plugin.metrics import ErrorReason
-from thunder_dra.plugin.state.checkpoint import Consumer, PreparedClaim
+from thunder_dra.plugin.errors import ClaimError
+from thunder_dra.plugin.kubelet.handler import ClaimService
+from thunder_dra.plugin.metrics import DaemonMetrics, ErrorReason
+from thunder_dra.plugin.state.checkpoint import CheckpointStore, Consumer, PreparedClaim
+from thunder_dra.plugin.state.locks import KeyedLocks, NodeSerializeLock
 from thunder_dra.process.logs import SecretScrubber
 
 pytestmark = pytest.mark.unit
@@ -300,3 +306,89 @@ async def test_close_stops_a_write_that_keeps_failing() -> None:
     await writer.close()
     await writer.idle()
     assert api.applies == []
+
+
+class _Preparer:
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+
+    async def prepare(self, ref: Any) -> PreparedClaim:
+        if self.fail:
+            raise ClaimError("Thunder mint failed: refused", ErrorReason.THUNDER_MINT)
+        return _prepared()
+
+
+class _Unpreparer:
+    async def unprepare(self, ref: Any) -> None:
+        return None
+
+
+class _Records:
+    async def claim_event(self, *args: Any) -> None:
+        return None
+
+
+class _BlockingClaims(FakeClaims):
+    """A status write that waits until the test lets it go, or fails."""
+
+    def __init__(self, claim: dict[str, Any]) -> None:
+        super().__init__(claim)
+        self.release = asyncio.Event()
+
+    async def apply(
+        self, path: str, body: Mapping[str, Any], *, field_manager: str, force: bool = False
+    ) -> dict[str, Any]:
+        await self.release.wait()
+        return await super().apply(path, body, field_manager=field_manager, force=force)
+
+
+def _service(tmp_path: Path, api: FakeClaims, *, fail: bool) -> tuple[ClaimService, Any]:
+    registry = CollectorRegistry()
+    writer = _writer(api, registry)
+
+    async def reload() -> None:
+        return None
+
+    checkpoint = CheckpointStore(tmp_path / "state")
+    service = ClaimService(
+        preparer=cast(Any, _Preparer(fail)),
+        repairer=cast(Any, None),
+        unpreparer=cast(Any, _Unpreparer()),
+        checkpoint=checkpoint,
+        records=cast(Any, _Records()),
+        node_lock=NodeSerializeLock(tmp_path / "serialize.lock", reload),
+        claim_locks=KeyedLocks(),
+        metrics=DaemonMetrics(registry),
+        tracer=NoOpTracer(),
+        status=writer,
+    )
+    return service, writer
+
+
+async def test_the_kubelet_has_its_answer_before_the_status_is_written(tmp_path: Path) -> None:
+    api = _BlockingClaims(_claim())
+    service, writer = _service(tmp_path, api, fail=False)
+    ref = _prepared()
+    answers = await service.prepare([ref])
+    assert isinstance(answers[ref.uid], PreparedClaim)
+    assert api.applies == []  # the write still waits
+    api.release.set()
+    await writer.idle()
+    assert len(api.applies) == 1
+    assert await service.unprepare([ref]) == {ref.uid: ""}
+    await writer.idle()
+    assert api.applies[-1][1]["status"] == {"devices": []}
+
+
+async def test_a_failing_status_write_changes_no_answer(tmp_path: Path) -> None:
+    api = FakeClaims(_claim())
+    api.failures = [Forbidden("PATCH", PATH, 403, "Forbidden", "no")] * 3
+    service, writer = _service(tmp_path, api, fail=True)
+    ref = _prepared()
+    answers = await service.prepare([ref])
+    assert answers[ref.uid] == "claim work/gpu: Thunder mint failed: refused"
+    await writer.idle()
+    assert api.claim is not None
+    (entry, _) = api.claim["status"]["devices"]
+    assert entry["conditions"][0]["reason"] == "ThunderMintFailed"
+    assert entry["conditions"][0]["message"] == "Thunder mint failed: refused"
