@@ -303,7 +303,7 @@ async def test_close_stops_a_write_that_keeps_failing() -> None:
     )
     writer.prepared(_prepared())
     await asyncio.sleep(0)
-    await writer.close()
+    await writer.close(grace=0.01)
     await writer.idle()
     assert api.applies == []
 
@@ -392,3 +392,13 @@ async def test_a_failing_status_write_changes_no_answer(tmp_path: Path) -> None:
     (entry, _) = api.claim["status"]["devices"]
     assert entry["conditions"][0]["reason"] == "ThunderMintFailed"
     assert entry["conditions"][0]["message"] == "Thunder mint failed: refused"
+
+
+async def test_close_lets_a_write_in_flight_finish_within_the_grace() -> None:
+    api = _BlockingClaims(_claim())
+    writer = _writer(api, CollectorRegistry())
+    writer.prepared(_prepared())
+    await asyncio.sleep(0)
+    asyncio.get_running_loop().call_soon(api.release.set)
+    await writer.close(grace=30)
+    assert len(api.applies) == 1

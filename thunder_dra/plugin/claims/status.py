@@ -25,6 +25,7 @@ fails the prepare or unprepare.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -75,6 +76,8 @@ RETRY_BASE: Final = 1.0
 RETRY_CAP: Final = 60.0
 WRITE_CONCURRENCY: Final = 4
 """Status writes in flight at once, across claims."""
+SHUTDOWN_GRACE: Final = 2.0
+"""Seconds a stopping daemon waits for status writes still in flight."""
 WRITE_RESULTS: Final = ("written", "unchanged", "gone", "error")
 
 JSON = dict[str, Any]
@@ -318,8 +321,12 @@ class ClaimStatusWriter:
         while self._tasks:
             await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
 
-    async def close(self) -> None:
-        """Stop writing (shutdown); outcomes not yet written are dropped."""
+    async def close(self, grace: float = SHUTDOWN_GRACE) -> None:
+        """Stop writing (shutdown): outcomes not written within ``grace`` seconds are
+        dropped (the next start writes prepared claims' entries again)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self.idle()
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
