@@ -679,10 +679,11 @@ def chart_template() -> str:
     return f"{header}{{{{- if .Values.rbac.create }}}}\n{text}{{{{- end }}}}\n"
 
 
-CONFIG_IDENTITY: Final = Identity("system", "thunder-daemon", "thunder-operator", "thunder")
+CONFIG_IDENTITY: Final = Identity("system", "thunder-daemon", "thunder-operator", OPERATOR_PREFIX)
 """As in config/rbac: ``system`` is a placeholder; the replacements in
 config/default/kustomization.yaml rewrite each policy's ``driverNamespace`` variable to
-the install namespace."""
+the install namespace. The names are those an operator applies itself (the OLM bundle),
+so kustomize and OLM installs name the policies alike."""
 
 
 def config_manifests() -> str:

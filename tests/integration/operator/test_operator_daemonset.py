@@ -39,7 +39,7 @@ def test_the_daemonset_is_rendered_from_the_spec(env: OperatorEnv) -> None:
     }
     pod = ds["spec"]["template"]["spec"]
     assert pod["hostPID"] is True
-    assert pod["serviceAccountName"] == "thunder-dra-daemon"
+    assert pod["serviceAccountName"] == "thunder-daemon"
     assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert pod["priorityClassName"] == "system-node-critical"
     daemon = container(ds)

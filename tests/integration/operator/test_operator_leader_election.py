@@ -47,7 +47,7 @@ from hack.testbed.operator import (
     token_secret,
 )
 
-LEASE = "thunder-dra-operator"
+LEASE = "thunder-device-plugin"
 LEASE_DURATION = 4.0
 RENEW_DEADLINE = 3.0
 RETRY_PERIOD = 0.5

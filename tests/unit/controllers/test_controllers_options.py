@@ -15,7 +15,10 @@ def test_defaults() -> None:
     options = parse_options([], environ={})
     assert options.namespace == "thunder-system"
     assert not options.standalone
-    assert options.lease_name == "thunder-dra-operator"
+    assert options.lease_name == "thunder-device-plugin"
+    # The names kustomize and the OLM bundle give (docs/install-names.md).
+    assert options.daemon_service_account == "thunder-daemon"
+    assert options.operator_service_account == "thunder-operator"
     assert options.election == ElectionTimings(15, 10, 2)
     assert (options.health_port, options.metrics_port) == (8081, 8080)
     assert not options.webhook_enabled

@@ -72,7 +72,9 @@ def test_chart_config_and_operator_apply_the_same_rules() -> None:
     chart = _normalised(
         _policies(render(release="tdp")), "tdp-thunder-device-plugin-thunder-system"
     )
-    config = _normalised(_policies(kustomize(REPO / "config" / "default")), "thunder")
+    config = _normalised(
+        _policies(kustomize(REPO / "config" / "default")), admissionpolicy.OPERATOR_PREFIX
+    )
     identity = operator_identity("thunder-system", "thunder-daemon", "thunder-operator")
     operator = _normalised(rendered(identity), admissionpolicy.OPERATOR_PREFIX)
     assert chart == config == operator

@@ -32,9 +32,11 @@ from thunder_dra.controllers.workload.tracing import (
 from thunder_dra.process.flags import duration
 
 DEFAULT_NAMESPACE: Final = "thunder-system"
-DEFAULT_LEASE_NAME: Final = "thunder-dra-operator"
-DEFAULT_DAEMON_SERVICE_ACCOUNT: Final = "thunder-dra-daemon"
-DEFAULT_OPERATOR_SERVICE_ACCOUNT: Final = "thunder-dra-operator"
+# The names kustomize (config/) and the OLM bundle give these objects, so an operator run
+# without the chart finds what those installs made (docs/install-names.md).
+DEFAULT_LEASE_NAME: Final = "thunder-device-plugin"
+DEFAULT_DAEMON_SERVICE_ACCOUNT: Final = "thunder-daemon"
+DEFAULT_OPERATOR_SERVICE_ACCOUNT: Final = "thunder-operator"
 DEFAULT_HEALTH_PORT: Final = 8081
 DEFAULT_METRICS_PORT: Final = 8080
 CERT_FILE_IN_DIR: Final = "tls.crt"
