@@ -466,9 +466,11 @@ def _teardown(env: OperatorEnv) -> None:
         if leftover is not None:
             env.patch_thundercluster({"metadata": {"finalizers": None}})
 
-    # Without a kubelet nothing confirms a pod's end: daemon pods the DaemonSet put on
-    # simulated nodes are removed at once, or the namespace would never finish deleting.
-    kube.delete("apps/v1", "DaemonSet", "thunder-dra-daemon", env.namespace)
+    # Without a kubelet nothing confirms a pod's end: daemon pods the DaemonSets (one per
+    # node role) put on simulated nodes are removed at once, or the namespace would never
+    # finish deleting.
+    for daemon_set in ("thunder-dra-daemon", "thunder-dra-daemon-consumer"):
+        kube.delete("apps/v1", "DaemonSet", daemon_set, env.namespace)
     for pod in kube.core.list_namespaced_pod(env.namespace).items:
         if pod.metadata is not None and pod.metadata.name:
             with contextlib.suppress(k8s.ApiException):

@@ -39,7 +39,7 @@ from thunder_dra.controllers.process.options import OperatorOptions, parse_optio
 from thunder_dra.controllers.reaper import Reaper
 from thunder_dra.controllers.shared.metrics import OperatorMetrics
 from thunder_dra.controllers.shared.thunderapi import OPERATOR_RETRY, TOKEN_KEY, ThunderClients
-from thunder_dra.controllers.workload.daemonset import DAEMONSET_NAME
+from thunder_dra.controllers.workload.daemonset import CONSUMER_DAEMONSET_NAME, DAEMONSET_NAME
 from thunder_dra.kube.client import KubeClient, Request
 from thunder_dra.kube.events import EventRecorder
 from thunder_dra.kube.resources import (
@@ -216,21 +216,22 @@ class OperatorWorld:
 
     # -- what the cluster and Thunder do between passes ----------------------------------
 
-    async def roll_out_daemon(self, nodes: int) -> None:
-        """The DaemonSet controller's part: `nodes` daemon pods, updated and ready."""
-        path = DAEMON_SETS.item(DAEMONSET_NAME, NAMESPACE)
-        stored = await self.kube.get(path)
-        status = {
-            "observedGeneration": stored["metadata"].get("generation", 1),
-            "desiredNumberScheduled": nodes,
-            "currentNumberScheduled": nodes,
-            "updatedNumberScheduled": nodes,
-            "numberAvailable": nodes,
-            "numberReady": nodes,
-        }
-        await self.kube.merge_patch(
-            DAEMON_SETS.item(DAEMONSET_NAME, NAMESPACE, subresource="status"), {"status": status}
-        )
+    async def roll_out_daemon(self, nodes: int, consumers: int = 0) -> None:
+        """The DaemonSet controller's part: `nodes` serving daemon pods and `consumers`
+        consumer daemon pods, updated and ready."""
+        for name, count in ((DAEMONSET_NAME, nodes), (CONSUMER_DAEMONSET_NAME, consumers)):
+            stored = await self.kube.get(DAEMON_SETS.item(name, NAMESPACE))
+            status = {
+                "observedGeneration": stored["metadata"].get("generation", 1),
+                "desiredNumberScheduled": count,
+                "currentNumberScheduled": count,
+                "updatedNumberScheduled": count,
+                "numberAvailable": count,
+                "numberReady": count,
+            }
+            await self.kube.merge_patch(
+                DAEMON_SETS.item(name, NAMESPACE, subresource="status"), {"status": status}
+            )
 
     def _zone_id(self, name: str) -> str:
         (zone_id,) = [

@@ -101,6 +101,9 @@ class DaemonConfig:
     kube_timeout: float = 20.0  # seconds per Kubernetes request
     installer_sha256: str | None = None
     library_sha256: str | None = None
+    node_role: str = "auto"
+    """``auto``: the node's serving label decides; ``consumer``: never enroll the node (the
+    consumer DaemonSet's pods, which have no access to the host's namespaces)."""
     bare_seconds_flags: Mapping[str, str] = field(default_factory=dict)
     """Duration flags given in bare seconds (deprecated), each with its Go spelling."""
 
@@ -234,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--health-port", type=int, default=8081)
     add("--host-runner", choices=("nsenter", "local"), default="nsenter")
     add(
+        "--node-role",
+        choices=("auto", "consumer"),
+        default="auto",
+        help="consumer: never enroll this node, whatever its labels (auto: its labels decide)",
+    )
+    add(
         "--host-root",
         type=Path,
         help="where the host's filesystem is visible (default /proc/1/root with nsenter, / else)",
@@ -358,6 +367,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonCo
         claim_concurrency=args.claim_concurrency,
         kube_timeout=seconds["--kube-timeout"],
         library_sha256=args.library_sha256,
+        node_role=args.node_role,
         bare_seconds_flags={
             flag: format_duration(value.value)
             for flag, value in durations.items()

@@ -64,7 +64,11 @@ async def read_node(kube: KubeClient, config: DaemonConfig) -> NodeInfo:
     delay = 0.5
     for attempt in range(1, NODE_READ_ATTEMPTS + 1):
         try:
-            return node_info(await kube.get_node(config.node_name), config.advertised_ip_label)
+            return node_info(
+                await kube.get_node(config.node_name),
+                config.advertised_ip_label,
+                consumer_only=config.node_role == "consumer",
+            )
         except KubeError as err:
             if attempt == NODE_READ_ATTEMPTS or err.status in (401, 403, 404):
                 raise StartupError(f"cannot read node {config.node_name}: {err}") from None

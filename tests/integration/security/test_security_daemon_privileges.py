@@ -1,4 +1,5 @@
-"""The daemon's least privilege, with its real ServiceAccount token, on the local apiserver.
+"""The daemon's least privilege, with its real ServiceAccount token, on the local apiserver,
+and the consumer role's pod under the API server's Pod Security admission.
 
 The chart's ServiceAccounts, daemon RBAC and admission policies are rendered with
 `helm template` and created in a fresh release namespace; the CRDs are the generated
@@ -40,7 +41,10 @@ from hack.testbed.daemon import (
 )
 from hack.testbed.kube import Kube, wait_for
 from release import bundle
+from thunder_dra.api.thundercluster import ThunderClusterSpec
 from thunder_dra.controllers.process.policies import apply_policies, operator_identity, rendered
+from thunder_dra.controllers.shared.ownership import ThunderClusterRef
+from thunder_dra.controllers.workload import daemonset
 from thunder_dra.kube.admissionpolicy import SUFFIXES
 from thunder_dra.kube.events import EventRecorder
 from thunder_dra.kube.provenance import ProvenanceKey
@@ -689,3 +693,97 @@ def test_the_daemons_records_find_and_remove_only_their_own_setup_secrets(
         assert not await mine.guest_secret_exists(ns, "records", uid)
 
     asyncio.run(run())
+
+
+# -- the consumer role's pod under Pod Security Admission -------------------------------
+
+BASELINE_CHECKS = (
+    "privileged",
+    "host namespaces",
+    "hostPort",
+    "capabilities",
+    "seccompProfile",
+    "procMount",
+    "sysctls",
+    "hostProcess",
+    "seLinuxOptions",
+    "appArmor",
+)
+
+
+def _daemon_pod(role: daemonset.Role, *, host_paths: bool = True) -> dict[str, Any]:
+    """A Pod of `role`'s DaemonSet template as the operator renders it (default
+    settings), on the namespace's default ServiceAccount; with `host_paths` false, its
+    hostPath volumes are emptyDirs."""
+    body = daemonset.render(
+        ThunderClusterSpec(), "ignored", ThunderClusterRef("t", "u"), "default", role=role
+    )
+    template = body["spec"]["template"]
+    spec = template["spec"]
+    spec.pop("priorityClassName")
+    if not host_paths:
+        spec["volumes"] = [{"name": v["name"], "emptyDir": {}} for v in spec["volumes"]]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"daemon-{role.value}", "labels": template["metadata"]["labels"]},
+        "spec": spec,
+    }
+
+
+def _pod_security(kube: Kube, namespace: str, pod: Any) -> str | None:
+    """The API server's Pod Security refusal of `pod` (dry run), or None if admitted."""
+    try:
+        kube.core.create_namespaced_pod(namespace, pod, dry_run="All")
+    except ApiException as err:
+        status, message = _status(err)
+        assert status == 403, message
+        assert "violates PodSecurity" in message, message
+        return message.split("violates PodSecurity", 1)[1]
+    return None
+
+
+@pytest.mark.parametrize("level", ["baseline", "restricted"])
+def test_the_consumer_pod_breaks_pod_security_only_by_its_host_directories(
+    kube: Kube, level: str
+) -> None:
+    """Enforced by the API server (namespace label `pod-security.kubernetes.io/enforce`).
+
+    The consumer pod meets `privileged` only, as any kubelet plugin must: its hostPath
+    volumes are the one `baseline` finding. With them as emptyDirs it meets `baseline`,
+    and `restricted` refuses nothing but running as root (the kubelet's directories are
+    root's). The serving pod breaks `baseline` three ways."""
+    with kube.namespace("psa") as namespace:
+        kube.core.patch_namespace(
+            namespace,
+            {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": level}}},
+        )
+        consumer = _pod_security(kube, namespace, _daemon_pod(daemonset.Role.CONSUMER))
+        assert consumer is not None
+        # `baseline` says "hostPath volumes", `restricted` "restricted volume types ...
+        # hostPath"; neither finds anything else but `restricted`'s running as root.
+        assert "hostPath" in consumer, consumer
+        assert not [c for c in BASELINE_CHECKS if c in consumer], consumer
+        for allowed in ("allowPrivilegeEscalation", "unrestricted capabilities", "seccomp"):
+            assert allowed not in consumer, consumer
+        bare = _pod_security(
+            kube, namespace, _daemon_pod(daemonset.Role.CONSUMER, host_paths=False)
+        )
+        serving = _pod_security(kube, namespace, _daemon_pod(daemonset.Role.SERVING))
+        assert serving is not None
+        for finding in ("privileged", "host namespaces", "hostPath"):
+            assert finding in serving, serving
+        if level == "baseline":
+            assert bare is None, bare
+        else:
+            assert bare is not None
+            assert "runAsNonRoot" in bare, bare
+            assert "runAsUser=0" in bare, bare
+            for allowed in (
+                "allowPrivilegeEscalation",
+                "unrestricted capabilities",
+                "seccompProfile",
+                "restricted volume types",
+                *BASELINE_CHECKS,
+            ):
+                assert allowed not in bare, bare

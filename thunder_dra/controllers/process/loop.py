@@ -312,10 +312,11 @@ class ClusterLoop:
         return None if name == self.name else name
 
     async def _reconcile_daemonset(self, cluster: ThunderCluster) -> ConditionState:
+        """Both node roles' DaemonSets (`workload.daemonset`), and DaemonReady from them."""
         services = self.services
         options = services.options
         started = time.monotonic()
-        rendered = daemonset.render(
+        rendered = daemonset.render_all(
             cluster.spec,
             options.namespace,
             ThunderClusterRef(cluster.metadata.name, cluster.metadata.uid or ""),
@@ -323,7 +324,7 @@ class ClusterLoop:
             tracing=options.daemon_tracing,
         )
         try:
-            stored, action = await daemonset.reconcile_daemonset(services.kube, rendered)
+            done = await daemonset.reconcile_daemonsets(services.kube, rendered)
         except KubeError as exc:
             services.metrics.reconcile_errors.labels("daemonset", exc.reason or "error").inc()
             await services.events.post(self.ref, "Warning", "DaemonSetFailed", str(exc))
@@ -332,22 +333,29 @@ class ClusterLoop:
             services.metrics.reconcile_duration.labels("daemonset").observe(
                 time.monotonic() - started
             )
-        if action != "unchanged":
-            message = f"DaemonSet {options.namespace}/{daemonset.DAEMONSET_NAME} {action}"
+        written = False
+        for role, _, action in done:
+            if action == "unchanged":
+                continue
+            written = written or action != "deferred"
+            name = daemonset.daemonset_name(role)
+            message = f"DaemonSet {options.namespace}/{name} {action}"
+            if action == "deferred":
+                message += " until every consumer daemon pod is ready"
             _log.info(message, extra={"cluster": self.name})
             await services.events.post(
                 self.ref, "Normal", f"DaemonSet{action.capitalize()}", message
             )
-            if cluster.spec.thunder.secret_namespace != options.namespace:
-                await services.events.post(
-                    self.ref,
-                    "Warning",
-                    "SecretNotInDaemonNamespace",
-                    f"spec.thunder.secretNamespace is {cluster.spec.thunder.secret_namespace} but "
-                    f"the daemon runs in {options.namespace}; its pods can only read a Secret "
-                    f"{cluster.spec.thunder.secret_name} in {options.namespace}",
-                )
-        state = daemonset.readiness(stored)
+        if written and cluster.spec.thunder.secret_namespace != options.namespace:
+            await services.events.post(
+                self.ref,
+                "Warning",
+                "SecretNotInDaemonNamespace",
+                f"spec.thunder.secretNamespace is {cluster.spec.thunder.secret_namespace} but "
+                f"the daemon runs in {options.namespace}; its pods can only read a Secret "
+                f"{cluster.spec.thunder.secret_name} in {options.namespace}",
+            )
+        state = daemonset.readiness_of_roles({role: stored for role, stored, _ in done})
         return ConditionState(state.ready, state.reason, state.message)
 
     async def _write_status(self, observation: Observation) -> None:

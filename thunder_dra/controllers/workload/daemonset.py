@@ -1,13 +1,31 @@
-"""The node daemon DaemonSet, rendered from the ThunderCluster spec.
+"""The node daemon DaemonSets, rendered from the ThunderCluster spec.
 
-Described in docs/operator.md#the-daemon-daemonset.
+Described in docs/operator.md#the-daemon-daemonset and docs/daemon.md#node-roles.
 
-One DaemonSet, `thunder-dra-daemon` in the operator's namespace, owned by the
-ThunderCluster (a namespaced object may have a cluster-scoped owner), so deleting the
-ThunderCluster removes it. Its pods run `python -m thunder_dra.plugin` with the agreed
-command line, host PID and privileged (the daemon enters the host's namespaces with
-nsenter to run thunderd's installer), and mount the kubelet plugin and registration
-directories, the CDI spec directory and the daemon's state directory from the host.
+Two DaemonSets in the operator's namespace, one per node role, on disjoint node sets,
+both owned by the ThunderCluster (a namespaced object may have a cluster-scoped owner),
+so deleting the ThunderCluster removes them. Both run `python -m thunder_dra.plugin`
+with the same driver name and ServiceAccount:
+
+- `thunder-dra-daemon`, the serving role, on nodes labelled `thundercompute.com/node=true`:
+  host PID and privileged (the daemon enters the host's namespaces with nsenter to run
+  thunderd's installer), with the kubelet plugin and registration directories, the CDI
+  spec directory and the daemon's state directory mounted from the host. It keeps the
+  name the single DaemonSet of earlier releases had, and its selector, so an upgrade
+  updates it in place.
+- `thunder-dra-daemon-consumer`, the consumer role, on every other node: no privilege,
+  no host namespaces, every capability dropped, a read-only root filesystem, and only
+  the four host directories it writes (the plugin directory narrowed to the driver's
+  own). Its command line says `--node-role consumer`: it never enrolls the node.
+
+Neither runs on a control-plane node (`node-role.kubernetes.io/control-plane` or
+`master`) unless the node carries the serving label or the opt-in label
+`thundercompute.com/consumer=true`.
+
+On an upgrade from the single DaemonSet, the consumer DaemonSet is created first, and the
+serving one is narrowed to serving nodes only once every consumer pod is ready (the old
+pod and the new one serve side by side meanwhile, as in a rolling update): no node is
+left without a plugin (`reconcile_daemonsets`).
 
 Rolling updates use `maxSurge: 1, maxUnavailable: 0`: the new pod starts beside the
 old one (each registers its own per-pod socket), so every node keeps a serving kubelet
@@ -30,11 +48,13 @@ catches edits made to the DaemonSet by hand). Server defaults are ignored.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from enum import StrEnum
 from typing import Any, Final
 
 from thunder_dra.api.constants import DOMAIN
@@ -49,6 +69,16 @@ from thunder_dra.kube.resources import DAEMON_SETS
 from thunder_dra.version import __version__
 
 DAEMONSET_NAME: Final = "thunder-dra-daemon"
+"""The serving role's DaemonSet (the name of the single DaemonSet of earlier releases)."""
+CONSUMER_DAEMONSET_NAME: Final = f"{DAEMONSET_NAME}-consumer"
+ROLE_LABEL: Final = f"{DOMAIN}/daemon-role"
+"""Pod label naming the daemon pod's role (`serving` or `consumer`)."""
+CONSUMER_OPT_IN_LABEL: Final = f"{DOMAIN}/consumer"
+"""With value `true`, a control-plane node runs the consumer daemon."""
+CONTROL_PLANE_LABELS: Final = (
+    "node-role.kubernetes.io/control-plane",
+    "node-role.kubernetes.io/master",
+)
 CONTAINER_NAME: Final = "daemon"
 HEALTH_PORT: Final = 8081
 CDI_DIR: Final = "/var/run/cdi"
@@ -67,8 +97,55 @@ SCRAPE_ANNOTATIONS: Final = {
 }
 
 
+class Role(StrEnum):
+    """A daemon DaemonSet's node role."""
+
+    SERVING = "serving"
+    CONSUMER = "consumer"
+
+
+ROLES: Final = (Role.CONSUMER, Role.SERVING)
+"""Every role, in the order the operator reconciles them (consumer first)."""
+
+
+def daemonset_name(role: Role) -> str:
+    return DAEMONSET_NAME if role is Role.SERVING else CONSUMER_DAEMONSET_NAME
+
+
 def selector_labels() -> dict[str, str]:
+    """The daemon pods' component labels (both roles carry them: monitoring selects them)."""
     return naming.component_labels(naming.COMPONENT_DAEMON)
+
+
+def role_selector(role: Role) -> dict[str, str]:
+    """A role's DaemonSet selector. The serving one keeps the selector of earlier releases
+    (a selector cannot change in place); the consumer one adds the role label."""
+    if role is Role.SERVING:
+        return selector_labels()
+    return {**selector_labels(), ROLE_LABEL: role.value}
+
+
+def node_affinity(role: Role) -> dict[str, Any]:
+    """Disjoint node sets: serving nodes (`thundercompute.com/node=true`) and the others,
+    control-plane nodes left out of the latter unless they opt in."""
+    serving = {"key": naming.NODE_LABEL_SERVING, "operator": "In", "values": ["true"]}
+    if role is Role.SERVING:
+        terms: list[dict[str, Any]] = [{"matchExpressions": [serving]}]
+    else:
+        other = {**serving, "operator": "NotIn"}
+        not_control_plane = [
+            {"key": key, "operator": "DoesNotExist"} for key in CONTROL_PLANE_LABELS
+        ]
+        opted_in = {"key": CONSUMER_OPT_IN_LABEL, "operator": "In", "values": ["true"]}
+        terms = [
+            {"matchExpressions": [other, *not_control_plane]},
+            {"matchExpressions": [other, opted_in]},
+        ]
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
+        }
+    }
 
 
 def image_reference(spec: ThunderClusterSpec) -> str:
@@ -78,8 +155,11 @@ def image_reference(spec: ThunderClusterSpec) -> str:
     return f"{image.repository}:{image.tag or __version__}"
 
 
-def daemon_command(spec: ThunderClusterSpec) -> list[str]:
+def daemon_command(spec: ThunderClusterSpec, role: Role = Role.SERVING) -> list[str]:
     """The agreed daemon command line.
+
+    A consumer daemon gets `--node-role consumer` (it never enrolls the node, whatever its
+    labels say) and the local host runner: it has no access to the host's namespaces.
 
     No duration flag: the daemon's defaults hold. While an upgrade rolls out, this
     operator may run a daemon image of an earlier release, whose durations are bare
@@ -92,6 +172,7 @@ def daemon_command(spec: ThunderClusterSpec) -> list[str]:
         pins += ["--installer-sha256", spec.thunder.installer_sha256]
     if spec.thunder.library_sha256:
         pins += ["--library-sha256", spec.thunder.library_sha256]
+    consumer = role is Role.CONSUMER
     return [
         "python",
         "-m",
@@ -121,7 +202,8 @@ def daemon_command(spec: ThunderClusterSpec) -> list[str]:
         "--health-port",
         str(HEALTH_PORT),
         "--host-runner",
-        "nsenter",
+        "local" if consumer else "nsenter",
+        *(["--node-role", "consumer"] if consumer else []),
         "--log-level",
         daemon.log_level,
         *pins,
@@ -145,6 +227,49 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+CONSUMER_SECURITY_CONTEXT: Final[Mapping[str, Any]] = {
+    "privileged": False,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    # Root without capabilities: the kubelet's plugin and registration directories and
+    # the CDI directory are root's (0750/0755), so only their owner may create the
+    # sockets and files there; uid 0 writes them as their owner, with no capability.
+    "runAsUser": 0,
+    "runAsNonRoot": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _role_mounts(spec: ThunderClusterSpec, role: Role) -> list[tuple[str, str]]:
+    """(volume name, host path) of each host directory a role mounts at the same path."""
+    plugins = spec.kubelet.plugin_dir_root
+    if role is Role.CONSUMER:
+        # Only the driver's own plugin directory, where its DRA socket goes.
+        plugins = f"{plugins.rstrip('/')}/{spec.operator.driver_name}"
+    return [
+        ("plugins", plugins),
+        ("plugins-registry", spec.kubelet.registry_dir),
+        ("cdi", CDI_DIR),
+        ("state", STATE_DIR),
+    ]
+
+
+def render_all(
+    spec: ThunderClusterSpec,
+    namespace: str,
+    owner: ThunderClusterRef,
+    service_account: str,
+    *,
+    tracing: DaemonTracing = NO_TRACING,
+) -> list[dict[str, Any]]:
+    """Both roles' DaemonSets, in the order they are reconciled (`ROLES`)."""
+    return [
+        render(spec, namespace, owner, service_account, tracing=tracing, role=role)
+        for role in ROLES
+    ]
+
+
 def render(
     spec: ThunderClusterSpec,
     namespace: str,
@@ -152,13 +277,16 @@ def render(
     service_account: str,
     *,
     tracing: DaemonTracing = NO_TRACING,
+    role: Role = Role.SERVING,
 ) -> dict[str, Any]:
-    """The DaemonSet for `spec`, carrying the hash of its own rendering.
+    """The DaemonSet of `role` for `spec`, carrying the hash of its own rendering.
 
     `tracing` is the operator's own OpenTelemetry configuration, handed on to the pods
     (`workload.tracing`); a variable the spec's `daemon.extraEnv` sets wins over it.
     """
     daemon = spec.daemon
+    serving = role is Role.SERVING
+    mounts = _role_mounts(spec, role)
     extra_names = frozenset(var.name for var in daemon.extra_env)
     env = [
         _field_env("NODE_NAME", "spec.nodeName"),
@@ -175,53 +303,47 @@ def render(
         "name": CONTAINER_NAME,
         "image": image_reference(spec),
         "imagePullPolicy": daemon.image.pull_policy,
-        "command": daemon_command(spec),
+        "command": daemon_command(spec, role),
         "env": env,
         "ports": [{"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
         "livenessProbe": _probe("/healthz", 10, 3),
         "readinessProbe": _probe("/readyz", 5, 3),
-        "securityContext": {"privileged": True},
+        "securityContext": (
+            {"privileged": True} if serving else copy.deepcopy(dict(CONSUMER_SECURITY_CONTEXT))
+        ),
         "resources": daemon.resources.to_json_dict(),
-        "volumeMounts": [
-            {"name": "plugins", "mountPath": spec.kubelet.plugin_dir_root},
-            {"name": "plugins-registry", "mountPath": spec.kubelet.registry_dir},
-            {"name": "cdi", "mountPath": CDI_DIR},
-            {"name": "state", "mountPath": STATE_DIR},
-        ],
+        "volumeMounts": [{"name": name, "mountPath": path} for name, path in mounts],
     }
     pod_spec: dict[str, Any] = {
         "serviceAccountName": service_account,
-        "hostPID": True,
+        **({"hostPID": True} if serving else {}),
         "nodeSelector": dict(daemon.node_selector),
+        "affinity": node_affinity(role),
         "tolerations": [t.to_json_dict() for t in daemon.tolerations],
         "containers": [container],
-        "volumes": [
-            _host_volume("plugins", spec.kubelet.plugin_dir_root),
-            _host_volume("plugins-registry", spec.kubelet.registry_dir),
-            _host_volume("cdi", CDI_DIR),
-            _host_volume("state", STATE_DIR),
-        ],
+        "volumes": [_host_volume(name, path) for name, path in mounts],
     }
     if daemon.priority_class_name:
         pod_spec["priorityClassName"] = daemon.priority_class_name
     if daemon.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [ref.to_json_dict() for ref in daemon.image_pull_secrets]
-    labels = {**selector_labels(), naming.LABEL_MANAGED_BY: naming.MANAGED_BY}
+    pod_labels = {**selector_labels(), ROLE_LABEL: role.value}
+    labels = {**pod_labels, naming.LABEL_MANAGED_BY: naming.MANAGED_BY}
     template_metadata: dict[str, Any] = {
-        "labels": selector_labels(),
+        "labels": pod_labels,
         "annotations": {**SCRAPE_ANNOTATIONS, **daemon.pod_annotations},
     }
     body: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
         "metadata": {
-            "name": DAEMONSET_NAME,
+            "name": daemonset_name(role),
             "namespace": namespace,
             "labels": labels,
             "ownerReferences": [owner.owner_reference()],
         },
         "spec": {
-            "selector": {"matchLabels": selector_labels()},
+            "selector": {"matchLabels": role_selector(role)},
             "updateStrategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
@@ -292,10 +414,10 @@ class Readiness:
     message: str
 
 
-def readiness(stored: Mapping[str, Any] | None) -> Readiness:
-    """DaemonReady from the DaemonSet's status."""
+def readiness(stored: Mapping[str, Any] | None, name: str = DAEMONSET_NAME) -> Readiness:
+    """DaemonReady from one DaemonSet's status."""
     if stored is None:
-        return Readiness(False, "DaemonSetMissing", f"DaemonSet {DAEMONSET_NAME} does not exist")
+        return Readiness(False, "DaemonSetMissing", f"DaemonSet {name} does not exist")
     status = bodies.status(stored)
     if int(status.get("observedGeneration") or 0) < (bodies.generation(stored) or 0):
         return Readiness(
@@ -315,13 +437,69 @@ def readiness(stored: Mapping[str, Any] | None) -> Readiness:
     return Readiness(True, "AllPodsReady", f"{ready} of {desired} daemon pods are ready")
 
 
+def rolled_out(stored: Mapping[str, Any] | None) -> bool:
+    """The DaemonSet controller saw the current spec and every pod it wants runs it, ready
+    (none wanted counts: a cluster may have no node of that role)."""
+    state = readiness(stored)
+    return state.ready or state.reason == "NoNodes"
+
+
+def readiness_of_roles(stored: Mapping[Role, Mapping[str, Any] | None]) -> Readiness:
+    """DaemonReady from both roles' DaemonSets: ready when each is rolled out and some
+    node runs a daemon; otherwise the first role's reason that is not, with its name."""
+    states = {role: readiness(body, daemonset_name(role)) for role, body in stored.items()}
+    if all(state.reason == "NoNodes" for state in states.values()):
+        return Readiness(False, "NoNodes", "no node matches the daemon's nodeSelector")
+    for role, state in states.items():
+        if not state.ready and state.reason != "NoNodes":
+            return Readiness(False, state.reason, f"{daemonset_name(role)}: {state.message}")
+    message = "; ".join(
+        f"{daemonset_name(role)}: {state.message}" for role, state in states.items() if state.ready
+    )
+    return Readiness(True, "AllPodsReady", message)
+
+
+def predates_roles(stored: Mapping[str, Any]) -> bool:
+    """A DaemonSet of a release with one DaemonSet on every node: its pods carry no role."""
+    template: Any = bodies.spec(stored).get("template") or {}
+    labels: Any = (template.get("metadata") or {}).get("labels") or {}
+    return ROLE_LABEL not in labels
+
+
+async def reconcile_daemonsets(
+    kube: KubeClient, rendered: Sequence[Mapping[str, Any]]
+) -> list[tuple[Role, dict[str, Any] | None, str]]:
+    """Bring both roles' DaemonSets to `rendered` (from `render_all`), consumer first.
+
+    The serving DaemonSet of an earlier release runs on every node. It is narrowed to
+    serving nodes only once the consumer DaemonSet is rolled out, so a consumer node keeps
+    its old daemon until the new one is ready (`deferred`); the reconcile after that does
+    it. Returns each role, its stored DaemonSet (None while a deferred one is missing) and
+    what was done (`unchanged`, `created`, `updated`, `recreated` or `deferred`)."""
+    done: list[tuple[Role, dict[str, Any] | None, str]] = []
+    consumer_ready = True
+    for body in rendered:
+        role = Role(body["spec"]["template"]["metadata"]["labels"][ROLE_LABEL])
+        if role is Role.SERVING and not consumer_ready:
+            path = DAEMON_SETS.item(body["metadata"]["name"], body["metadata"]["namespace"])
+            stored = await kube.get_optional(path)
+            if stored is not None and predates_roles(stored):
+                done.append((role, stored, "deferred"))
+                continue
+        stored, action = await reconcile_daemonset(kube, body)
+        if role is Role.CONSUMER:
+            consumer_ready = action == "unchanged" and rolled_out(stored)
+        done.append((role, stored, action))
+    return done
+
+
 async def reconcile_daemonset(
     kube: KubeClient, rendered: Mapping[str, Any]
 ) -> tuple[dict[str, Any], str]:
     """Bring the stored DaemonSet to `rendered`; returns it and what was done
     (`unchanged`, `created`, `updated` or `recreated`)."""
     namespace = rendered["metadata"]["namespace"]
-    path = DAEMON_SETS.item(DAEMONSET_NAME, namespace)
+    path = DAEMON_SETS.item(rendered["metadata"]["name"], namespace)
     stored = await kube.get_optional(path)
     if stored is None:
         created = await kube.create(DAEMON_SETS.collection(namespace), rendered)

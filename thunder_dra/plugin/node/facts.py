@@ -10,6 +10,7 @@ from the zone pool over the network.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from thunder_dra.plugin.node.hostrunner import HostCommandError, HostRunner
 NVIDIA_SMI_QUERY = ("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
 _VERSION = re.compile(r"^\s*(\d+)(?:\.\d+)*\s*$")
 _NOT_FOUND_EXIT = 127
+
+log = logging.getLogger(__name__)
 
 
 class NodeSetupError(Exception):
@@ -43,12 +46,25 @@ def _valid_ip(value: str) -> bool:
     return True
 
 
-def node_info(node: Mapping[str, Any], advertised_ip_label: str) -> NodeInfo:
-    """Read role, zone and advertised IP from a Node object (as decoded JSON)."""
+def node_info(
+    node: Mapping[str, Any], advertised_ip_label: str, *, consumer_only: bool = False
+) -> NodeInfo:
+    """Read role, zone and advertised IP from a Node object (as decoded JSON).
+
+    With `consumer_only` (``--node-role consumer``) the node is never serving: the
+    consumer DaemonSet's pod cannot enter the host, and a node labelled serving after the
+    pod started gets the serving DaemonSet's pod in its place."""
     metadata = bodies.metadata(node)
     name = str(metadata.get("name", ""))
     labels: Mapping[str, str] = metadata.get("labels") or {}
     serving = labels.get(naming.NODE_LABEL_SERVING) == "true"
+    if serving and consumer_only:
+        log.warning(
+            "the node is labelled serving but this daemon runs with --node-role consumer: it "
+            "serves claims only and leaves enrollment to the serving DaemonSet's pod",
+            extra={"node": name, "label": naming.NODE_LABEL_SERVING},
+        )
+        serving = False
     zone = labels.get(naming.NODE_LABEL_ZONE) or None
     advertised = labels.get(advertised_ip_label, "").strip()
     if advertised and not _valid_ip(advertised):
