@@ -199,7 +199,7 @@ def node_local_inventory(shape: Shape, choices: DriverChoices) -> Inventory:
                 "generation": 1,
                 "resourceSliceCount": 1,
             }
-            spec["devices"] = [pool._device(name) for name in devices]
+            spec["devices"] = [pool._device(name, None, {}) for name in devices]
             slices.append(_apply_slice_choices(manifest, choices))
     return _with_classes(Inventory("node-local", slices, []), classes, choices)
 

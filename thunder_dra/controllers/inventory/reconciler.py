@@ -205,7 +205,14 @@ def plan_layout(
     them) publishes none."""
     capacities = compute_capacity(read.zones, max_gpus_per_host=config.max_gpus_per_host)
     current = published_devices(slices)
-    layout = build_pools(capacities, config, current_devices=current, allocated_devices=allocated)
+    listed = [*(zone.zone_name for zone in read.zones), *read.unavailable_zone_names]
+    layout = build_pools(
+        capacities,
+        config,
+        current_devices=current,
+        allocated_devices=allocated,
+        zone_names=listed,
+    )
     samples = sample_slices(slices)
     unreadable = read.unavailable_zone_names
     pools: list[DesiredPool] = list(layout.pools)
@@ -251,6 +258,7 @@ def plan_layout(
             current_devices=current,
             allocated_devices=allocated,
             skip_pools=held,
+            zone_names=listed,
         )
         names = {pool.name for pool in rebuilt.pools}
         pools = [

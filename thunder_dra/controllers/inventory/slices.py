@@ -422,6 +422,7 @@ def build_pools(
     current_devices: Mapping[str, Collection[str]] | None = None,
     allocated_devices: Mapping[str, Collection[str]] | None = None,
     skip_pools: Collection[str] = (),
+    zone_names: Collection[str] = (),
 ) -> InventoryLayout:
     """The pools to publish for `capacities`.
 
@@ -429,12 +430,19 @@ def build_pools(
     names allocated to ResourceClaims, per pool name) keep indices stable. Pools named
     in `skip_pools` are left out (names are assigned as if they were not), for pools
     kept as they are whose devices the caller took out of the limits.
+
+    Zone labels are assigned over the zones of `capacities` and `zone_names`: pass every
+    zone Thunder listed, those whose hosts could not be read and those with no capacity
+    too, so that two display names with one label (`us-east`, `US-East`) keep their
+    labels, and their pools their names, while one of them cannot be read or is empty.
     """
     current_devices = current_devices or {}
     allocated_devices = allocated_devices or {}
     capacities = list(capacities)
     publishable, skipped = _publishable(capacities)
-    zone_labels = naming.assign_labels(c.zone_name for c in publishable)
+    named_zones = {c.zone_name for c in publishable}
+    named_zones.update(z for z in zone_names if z and syntax.is_label_value(z))
+    zone_labels = naming.assign_labels(named_zones)
     type_labels = naming.assign_labels(c.model_key for c in capacities)
     named = [
         (naming.pool_name(zone_labels[c.zone_name], type_labels[c.model_key]), c)
