@@ -18,6 +18,11 @@ with the same driver name and ServiceAccount:
   the four host directories it writes (the plugin directory narrowed to the driver's
   own). Its command line says `--node-role consumer`: it never enrolls the node.
 
+Both roles' pods carry the daemon's component labels (monitoring selects them), so the
+serving DaemonSet's selector, which cannot change, matches consumer pods too. That is
+harmless: a DaemonSet controller only adopts pods no controller owns, and the operator
+deletes a DaemonSet with its pods, never orphaning them.
+
 Neither runs on a control-plane node (`node-role.kubernetes.io/control-plane` or
 `master`) unless the node carries the serving label or the opt-in label
 `thundercompute.com/consumer=true`.
