@@ -184,9 +184,10 @@ helm-schema: $(STAMP) tools ## Check values.schema.json rejects a misspelled key
 	$(PY) -m release.helm_schema
 
 .PHONY: helm-docs
-helm-docs: $(STAMP) tools ## Regenerate the chart README (values, permissions) and README.md's settings table
+helm-docs: $(STAMP) tools ## Regenerate the chart README (values, permissions), README.md's settings table and docs/install-names.md
 	$(PY) -m release.helm_docs
 	$(PY) -m release.settings_table
+	$(PY) -m release.names_table
 
 .PHONY: helm-package
 helm-package: tools helm-lint ## Package the chart into dist/
