@@ -55,6 +55,7 @@ from hack.testbed.operator import (
     OperatorProcess,
 )
 from ops import helm_test
+from thunder_dra.controllers.workload.daemonset import CONSUMER_DAEMONSET_NAME, DAEMONSET_NAME
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = "charts/thunder-device-plugin"
@@ -277,7 +278,8 @@ def installed(
                 content_type="application/merge-patch+json",
             )
         # No kubelet confirms a pod's end: remove daemon pods at once.
-        kube.delete("apps/v1", "DaemonSet", "thunder-dra-daemon", namespace)
+        for daemon_set in (DAEMONSET_NAME, CONSUMER_DAEMONSET_NAME):
+            kube.delete("apps/v1", "DaemonSet", daemon_set, namespace)
         for leftover in kube.core.list_namespaced_pod(namespace).items:
             if leftover.metadata is not None and leftover.metadata.name:
                 with contextlib.suppress(k8s.ApiException):

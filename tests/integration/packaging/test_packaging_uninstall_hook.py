@@ -37,6 +37,7 @@ from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
 from hack.testbed.kube import Kube, wait_for
 from hack.testbed.operator import API_TOKEN, THUNDER_API, OperatorProcess
+from thunder_dra.controllers.workload.daemonset import CONSUMER_DAEMONSET_NAME, DAEMONSET_NAME
 
 CHART = "charts/thunder-device-plugin"
 OPERATOR_FINALIZER = "thundercompute.com/operator"
@@ -266,7 +267,8 @@ def installed(
         kube.delete(THUNDER_API, "ThunderCluster", tc_name)
         for leftover in kube.list_objects(THUNDER_API, "Client", namespace):
             kube.delete(THUNDER_API, "Client", leftover["metadata"]["name"], namespace)
-        kube.delete("apps/v1", "DaemonSet", "thunder-dra-daemon", namespace)
+        for daemon_set in (DAEMONSET_NAME, CONSUMER_DAEMONSET_NAME):
+            kube.delete("apps/v1", "DaemonSet", daemon_set, namespace)
         for pod_left in kube.core.list_namespaced_pod(namespace).items:
             if pod_left.metadata is not None and pod_left.metadata.name:
                 with contextlib.suppress(k8s.ApiException):

@@ -39,6 +39,7 @@ from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
 from hack.testbed.kube import Kube, wait_for
 from hack.testbed.operator import API_TOKEN, THUNDER_API, OperatorProcess
+from thunder_dra.controllers.workload.daemonset import CONSUMER_DAEMONSET_NAME, DAEMONSET_NAME
 
 CHART = "charts/thunder-device-plugin"
 SECRET = "webhook-serving"
@@ -273,7 +274,8 @@ def installed(
                 body={"metadata": {"finalizers": None}},
                 content_type="application/merge-patch+json",
             )
-        kube.delete("apps/v1", "DaemonSet", "thunder-dra-daemon", namespace)
+        for daemon_set in (DAEMONSET_NAME, CONSUMER_DAEMONSET_NAME):
+            kube.delete("apps/v1", "DaemonSet", daemon_set, namespace)
         for leftover in kube.core.list_namespaced_pod(namespace).items:
             if leftover.metadata is not None and leftover.metadata.name:
                 with contextlib.suppress(k8s.ApiException):
