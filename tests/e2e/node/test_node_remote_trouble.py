@@ -10,15 +10,25 @@ claim behind.
   stays Pending (never ContainerCreating on the node) with the operator's
   `ThunderDevicesTainted` event naming the taint. When Thunder answers again the
   taints go, and the pending pod is scheduled and runs.
+- A GPU pod runs and its claim's `status.devices` entry, written by the daemon, is
+  Ready with the zone, the model and the Thunder client ID (the one the `Client`
+  record names), and no credential.
+- A client revoked in Thunder, not through the driver: within 60 s the kubelet, which
+  watches the daemon's `DRAResourceHealth` stream, shows the pod's device Unhealthy in
+  `containerStatuses[].allocatedResourcesStatus`, with the daemon's message. The driver
+  stops nothing: the pod keeps running, and acting on the status is the user's (or a
+  controller's) choice.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from hack import image as image_builder
@@ -124,6 +134,7 @@ def test_thunder_unreachable_taints_devices_new_pods_pend_running_pods_stay(
 
     install.fake.admin.add_fault(ZONES, method="GET", status=503)
     try:
+
         def all_tainted() -> dict[str, str] | None:
             found = _taints(install)
             return found if len(found) == len(devices) else None
@@ -154,3 +165,69 @@ def test_thunder_unreachable_taints_devices_new_pods_pend_running_pods_stay(
     wait(lambda: _running(install, namespace, "late"), "the pending pod running", timeout=240)
     assert _running(install, namespace, "running")
     assert _phase(install, namespace, "running") == "Running"
+
+
+def _client_id(install: Install, namespace: str) -> str | None:
+    for client in install.clients(namespace):
+        found = (client.get("status") or {}).get("clientId")
+        if found:
+            return str(found)
+    return None
+
+
+def _claim_status(install: Install, namespace: str) -> dict[str, Any] | None:
+    """The daemon's `status.devices` entry of the namespace's one claim."""
+    claims = (install.get("resourceclaims", "-n", namespace) or {}).get("items") or []
+    for claim in claims:
+        for entry in (claim.get("status") or {}).get("devices") or []:
+            if entry.get("conditions"):
+                return dict(entry)
+    return None
+
+
+def _device_health(install: Install, namespace: str, name: str) -> list[dict[str, Any]]:
+    pod = install.get("pod", "-n", namespace, name) or {}
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    entries = statuses[0].get("allocatedResourcesStatus") or [] if statuses else []
+    return [r for entry in entries for r in entry.get("resources") or []]
+
+
+def test_a_pods_claim_shows_its_client_and_a_revoked_client_shows_the_device_unhealthy(
+    install: Install, namespace: str
+) -> None:
+    install.apply(f"{namespace}-watched", _gpu_pod(install, "watched", namespace))
+    wait(lambda: _running(install, namespace, "watched"), "the GPU pod running", 240)
+    healthy = wait(
+        lambda: [r for r in _device_health(install, namespace, "watched") if r.get("health")],
+        "the device's health in the pod's status",
+        timeout=60,
+    )
+    assert [r["health"] for r in healthy] == ["Healthy"], healthy
+    client_id = wait(lambda: _client_id(install, namespace), "the claim's Thunder client")
+    entry = wait(lambda: _claim_status(install, namespace), "the claim's status.devices entry")
+    print(f"the claim's status.devices entry: {entry}")
+    ready = {c["type"]: c for c in entry.get("conditions") or []}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("True", "Prepared"), entry
+    assert entry["data"] == {"zone": "zone-a", "gpuModel": "A6000", "thunderClientId": client_id}
+    assert entry["driver"] == "thundercompute.com"
+    assert not [s for s in install.secrets() if s in json.dumps(entry)], "no credential"
+
+    # Revoked with Thunder's own API and another API token, as a console user would.
+    token = install.fake.admin.add_api_token(capabilities=["clients:revoke"])
+    answer = httpx.post(
+        f"{install.fake.base_url}/api/v1/clients/{client_id}/revoke",
+        headers={"Authorization": f"Bearer {token}"},
+        verify=ssl.create_default_context(cafile=str(install.node.cluster.ca_cert)),
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+
+    def unhealthy() -> list[dict[str, Any]] | None:
+        found = _device_health(install, namespace, "watched")
+        return found if found and all(r.get("health") == "Unhealthy" for r in found) else None
+
+    resources = wait(unhealthy, "the pod's device Unhealthy", timeout=60)
+    print(f"allocatedResourcesStatus resources: {resources}")
+    assert client_id in str(resources[0].get("message", "")), resources
+    assert "revoked" in str(resources[0].get("message", ""))
+    assert _running(install, namespace, "watched"), "the driver stops nothing"
