@@ -1,18 +1,22 @@
 """The README's install on a real node (``hack.node.Node``), for the tests and ``make demo``.
 
-The chart is installed as the README's Install section says (namespace, token Secret,
-CRDs with ``kubectl apply --server-side``, ``helm install``), with the images ``make
-image`` built (imported into the node's containerd, ``pullPolicy: Never``) and the fake
-Thunder as the API. The fake listens on the node's bridge address over https with a
-certificate from the cluster CA (``Cluster.server_certs``): the driver refuses plain
-http to anything but loopback, and the operator and daemon pods trust that CA through
-their service-account ``ca.crt`` (``SSL_CERT_FILE`` in the chart's ``extraEnv``).
+The chart is installed by running the README's Install commands as they are written
+(``readme_install``: namespace, token Secret from a file, CRDs with ``kubectl apply
+--server-side``, ``helm install``), with a token file and the test's values added to
+``helm install``: the images ``make image`` built (imported into the node's
+containerd, ``pullPolicy: Never``) and the fake Thunder as the API. The fake listens on
+the node's bridge address over https with a certificate from the cluster CA
+(``Cluster.server_certs``): the driver refuses plain http to anything but loopback, and
+the operator and daemon pods trust that CA through their service-account ``ca.crt``
+(``SSL_CERT_FILE`` in the chart's ``extraEnv``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -33,6 +37,9 @@ from hack.node import launcher
 from hack.node.launcher import Node
 
 REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+# What the README's Secret command reads the token from.
+TOKEN_FILE = "./thunder-api-token"
 CHART = REPO / "charts" / "thunder-device-plugin"
 POD_CHART = REPO / "charts" / "tests" / "pod"
 VM_CHART = REPO / "charts" / "tests" / "vm"
@@ -260,6 +267,45 @@ def chart_values(fake: FakeThunderProcess, images: dict[str, image_builder.Built
     }
 
 
+def readme_install() -> list[list[str]]:
+    """The commands of the README's Install section (Helm, from a clone), as argv lists:
+    the first ``sh`` block after the ``## Install`` heading."""
+    section = README.read_text().split("\n## Install\n", 1)[1]
+    found = re.search(r"```sh\n(.*?)```", section, re.S)
+    if found is None:
+        raise ValueError("README.md's Install section has no sh block")
+    lines = found.group(1).replace("\\\n", " ").splitlines()
+    commands = [shlex.split(line, comments=True) for line in lines]
+    return [argv for argv in commands if argv]
+
+
+def _run_readme_install(
+    install: Install, token_file: Path, values: Path, helm_timeout: str = "5m"
+) -> str:
+    """Run the README's Install commands on the node's cluster, with ``token_file`` for the
+    token and, on ``helm install``, the test's ``values`` and ``--wait``; the output of
+    ``helm install``. Paths in the commands are the repository's. On a node an earlier
+    install used, the namespace is there already and its Secret is made anew."""
+    node = install.node
+    output = ""
+    for argv in readme_install():
+        tool, args = argv[0], [a.replace(TOKEN_FILE, str(token_file)) for a in argv[1:]]
+        args = [str(REPO / a) if not a.startswith("-") and (REPO / a).exists() else a
+                for a in args]  # fmt: skip
+        if tool == "kubectl":
+            if args[:2] == ["create", "namespace"] and node.kubectl(
+                "get", "namespace", args[2], "--ignore-not-found"
+            ):
+                node.kubectl("-n", args[2], "delete", "secret", "--all")
+                continue
+            node.kubectl(*args)
+        elif tool == "helm":
+            output = install.helm(*args, "-f", str(values), "--wait", "--timeout", helm_timeout)
+        else:
+            raise ValueError(f"README.md's Install section runs {tool}, not kubectl or helm")
+    return output
+
+
 def _forget_earlier_install(node: Node) -> None:
     """A node that served an earlier install (another fake Thunder) starts over: thunderd
     is not installed and the daemon's state directory is empty, as on a new server."""
@@ -296,31 +342,16 @@ def installed(
         ca_file=cluster.ca_cert,
         log_path=workdir / "fake-thunder.log",
     ) as fake:
-        if not node.kubectl("get", "namespace", NAMESPACE, "--ignore-not-found"):
-            node.kubectl("create", "namespace", NAMESPACE)
-        # The token Secret from a file (never an argument on this machine's process list).
-        secret = workdir / "secret.yaml"
-        secret.touch(mode=0o600)
-        secret.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "metadata": {"name": "thunder-api", "namespace": NAMESPACE},
-                    "stringData": {"THUNDER_API_TOKEN": API_TOKEN},
-                }
-            )
-        )
-        node.kubectl("apply", "-f", str(secret))
-        node.kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
+        # The token from a file, as the README has it: never an argument on this
+        # machine's process list.
+        token_file = workdir / "token"
+        token_file.touch(mode=0o600)
+        token_file.write_text(API_TOKEN + "\n")
         chosen = merged(chart_values(fake, images), values or {})
         path = workdir / "values.yaml"
         path.write_text(yaml.safe_dump(chosen))
         install = Install(node, fake, images, "", workdir, chosen)
-        install.install_output = install.helm(
-            "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(path),
-            "--wait", "--timeout", "5m",
-        )  # fmt: skip
+        install.install_output = _run_readme_install(install, token_file, path)
         try:
             yield install
         finally:
