@@ -19,7 +19,9 @@ enrolls the serving node; `helm test` passes as a real Pod; a stock Debian pod a
 `resources.limits: thundercompute.com/gpu-a6000: 2` runs with the files containerd
 injected from the daemon's CDI spec and no token in its environment; a
 ResourceClaimTemplate pod the same; the `pod` test chart installs and its pod runs;
-deleting the pods unprepares them and the fake's audit shows no leaked enrollment.
+deleting the pods unprepares them and the fake's audit shows no leaked enrollment; and
+`helm uninstall` alone, its pre-delete hook running as a Job on the node, removes the
+release and its ThunderCluster.
 """
 
 from __future__ import annotations
@@ -273,4 +275,19 @@ def test_after_the_pods_are_gone_no_enrollment_leaked(install: Install) -> None:
     for namespace in ("default", "chart-pod"):
         install.wait_claims_gone(namespace)
     wait(lambda: not install.cdi_specs(), "the claims' CDI specs removed")
+    assert install.fake.admin.leaks() == []
+
+
+def test_helm_uninstall_alone_removes_the_release_and_its_thundercluster(install: Install) -> None:
+    # As README's Uninstall has it: one command. The chart's pre-delete hook, a Job in the
+    # operator's image, deletes the ThunderCluster while the operator still runs, which
+    # releases its finalizer; nobody removes a finalizer by hand.
+    clusters = install.get("thunderclusters")
+    assert clusters is not None
+    assert clusters["items"], "the chart made a ThunderCluster"
+    out = install.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "5m")
+    assert f'release "{RELEASE}" uninstalled' in out, out
+    assert install.get("thunderclusters")["items"] == []
+    assert install.get("jobs", "-n", NAMESPACE)["items"] == [], "the hook's Job is gone"
+    assert install.get("deployments", "-n", NAMESPACE)["items"] == []
     assert install.fake.admin.leaks() == []
