@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from hack.cluster import Cluster
 from hack.testbed.kube import Kube, wait_for
 from ops import helm_test
+from tests.integration.packaging.releasekit import helm as _helm
 
 CHART = "charts/thunder-device-plugin"
 GROUP = "thundercompute.com/v1alpha1"
@@ -51,12 +52,6 @@ class Release:
 def _message(err: ApiException) -> str:
     body = err.body.decode() if isinstance(err.body, bytes) else str(err.body)
     return str(json.loads(body).get("message", body))
-
-
-def _helm(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["helm", *args], env=env, check=check, capture_output=True, text=True, timeout=300
-    )
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ ThunderCluster first, the operator releases its kopf finalizer, and the release 
 from __future__ import annotations
 
 import base64
-import contextlib
 import errno
 import json
 import os
@@ -39,7 +38,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from hack.cluster import Cluster
@@ -55,7 +53,8 @@ from hack.testbed.operator import (
     OperatorProcess,
 )
 from ops import helm_test
-from thunder_dra.controllers.workload.daemonset import CONSUMER_DAEMONSET_NAME, DAEMONSET_NAME
+from tests.integration.packaging.releasekit import helm as _helm
+from tests.integration.packaging.releasekit import release_thundercluster, uninstall
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = "charts/thunder-device-plugin"
@@ -72,12 +71,6 @@ class Installed:
     op: OperatorEnv
     zone: str
     webhook_served: bool
-
-
-def _helm(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["helm", *args], env=env, check=check, capture_output=True, text=True, timeout=300
-    )
 
 
 def _message(err: ApiException) -> str:
@@ -258,34 +251,10 @@ def installed(
         op = OperatorEnv(kube, cluster, fake, namespace, tc_name, operator)
         yield Installed(release, namespace, fullname, done.stdout, env, op, zone, webhook_served)
     finally:
-        if kube.get(THUNDER_API, "ThunderCluster", tc_name) is not None:
-            kube.delete(THUNDER_API, "ThunderCluster", tc_name)
-            with contextlib.suppress(AssertionError):
-                wait_for(
-                    lambda: kube.get(THUNDER_API, "ThunderCluster", tc_name) is None,
-                    "the operator to release the ThunderCluster",
-                    timeout=45,
-                )
+        release_thundercluster(kube, tc_name)
         if operator is not None:
             operator.stop()
-        # --no-hooks: no kubelet runs the chart's pre-delete Job here (it is tested in
-        # test_packaging_uninstall_hook by running its script).
-        _helm(env, "uninstall", release, "--namespace", namespace, "--no-hooks", check=False)
-        if kube.get(THUNDER_API, "ThunderCluster", tc_name) is not None:
-            kube.resource(THUNDER_API, "ThunderCluster").patch(
-                name=tc_name,
-                body={"metadata": {"finalizers": None}},
-                content_type="application/merge-patch+json",
-            )
-        # No kubelet confirms a pod's end: remove daemon pods at once.
-        for daemon_set in (DAEMONSET_NAME, CONSUMER_DAEMONSET_NAME):
-            kube.delete("apps/v1", "DaemonSet", daemon_set, namespace)
-        for leftover in kube.core.list_namespaced_pod(namespace).items:
-            if leftover.metadata is not None and leftover.metadata.name:
-                with contextlib.suppress(k8s.ApiException):
-                    kube.core.delete_namespaced_pod(
-                        leftover.metadata.name, namespace, grace_period_seconds=0
-                    )
+        uninstall(env, kube, release, namespace, tc_name)
         _cleanup_driver_objects(kube, uid)
         kube.core.delete_namespace(namespace)
 

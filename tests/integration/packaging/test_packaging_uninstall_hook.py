@@ -18,7 +18,6 @@ against the API server. What that ServiceAccount may do is checked with
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
 import subprocess
 import sys
@@ -37,7 +36,8 @@ from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
 from hack.testbed.kube import Kube, wait_for
 from hack.testbed.operator import API_TOKEN, THUNDER_API, OperatorProcess
-from thunder_dra.controllers.workload.daemonset import CONSUMER_DAEMONSET_NAME, DAEMONSET_NAME
+from tests.integration.packaging.releasekit import clear_finalizers, uninstall
+from tests.integration.packaging.releasekit import helm as _helm
 
 CHART = "charts/thunder-device-plugin"
 OPERATOR_FINALIZER = "thundercompute.com/operator"
@@ -56,12 +56,6 @@ class Installed:
     hooks: list[dict[str, Any]]
     operator: OperatorProcess
     run_hook: Run
-
-
-def _helm(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["helm", *args], env=env, check=check, capture_output=True, text=True, timeout=300
-    )
 
 
 def _token(kube: Kube, namespace: str, sa: str) -> str:
@@ -148,15 +142,6 @@ def _clients(kube: Kube) -> list[str]:
         f"{c['metadata']['namespace']}/{c['metadata']['name']}"
         for c in kube.list_objects(THUNDER_API, "Client")
     ]
-
-
-def _release_finalizers(kube: Kube, name: str) -> None:
-    if kube.get(THUNDER_API, "ThunderCluster", name) is not None:
-        kube.resource(THUNDER_API, "ThunderCluster").patch(
-            name=name,
-            body={"metadata": {"finalizers": None}},
-            content_type="application/merge-patch+json",
-        )
 
 
 @pytest.fixture(scope="module")
@@ -261,20 +246,11 @@ def installed(
         for hook in hooks:
             if hook["kind"] in ("ClusterRole", "ClusterRoleBinding"):
                 kube.delete("rbac.authorization.k8s.io/v1", hook["kind"], hook["metadata"]["name"])
-        # No kubelet runs the hook Job here: the script ran as the tests above.
-        _helm(env, "uninstall", release, "--namespace", namespace, "--no-hooks", check=False)
-        _release_finalizers(kube, tc_name)
+        # The hook's script ran as the tests above.
+        uninstall(env, kube, release, namespace, tc_name)
         kube.delete(THUNDER_API, "ThunderCluster", tc_name)
         for leftover in kube.list_objects(THUNDER_API, "Client", namespace):
             kube.delete(THUNDER_API, "Client", leftover["metadata"]["name"], namespace)
-        for daemon_set in (DAEMONSET_NAME, CONSUMER_DAEMONSET_NAME):
-            kube.delete("apps/v1", "DaemonSet", daemon_set, namespace)
-        for pod_left in kube.core.list_namespaced_pod(namespace).items:
-            if pod_left.metadata is not None and pod_left.metadata.name:
-                with contextlib.suppress(k8s.ApiException):
-                    kube.core.delete_namespaced_pod(
-                        pod_left.metadata.name, namespace, grace_period_seconds=0
-                    )
         kube.core.delete_namespace(namespace)
 
 
@@ -392,5 +368,5 @@ def test_without_a_running_operator_the_hook_fails_saying_what_to_do(
         assert not other["metadata"].get("deletionTimestamp")
     finally:
         for name in (ours, theirs):
-            _release_finalizers(kube, name)
+            clear_finalizers(kube, name)
             kube.delete(THUNDER_API, "ThunderCluster", name)

@@ -13,13 +13,11 @@ standing in for its one endpoint; that needs root, as `make test` runs.
 from __future__ import annotations
 
 import base64
-import contextlib
 import datetime
 import errno
 import json
 import os
 import socket
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,14 +30,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from hack.cluster import Cluster
 from hack.fake_thunder import FakeThunderProcess, start_fake_thunder
 from hack.testbed.kube import Kube, wait_for
 from hack.testbed.operator import API_TOKEN, THUNDER_API, OperatorProcess
-from thunder_dra.controllers.workload.daemonset import CONSUMER_DAEMONSET_NAME, DAEMONSET_NAME
+from tests.integration.packaging.releasekit import helm as _helm
+from tests.integration.packaging.releasekit import release_thundercluster, uninstall
 
 CHART = "charts/thunder-device-plugin"
 SECRET = "webhook-serving"
@@ -54,12 +52,6 @@ class Installed:
     tc_name: str
     ca_bundle: str
     operator: OperatorProcess
-
-
-def _helm(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["helm", *args], env=env, check=check, capture_output=True, text=True, timeout=300
-    )
 
 
 def _pem(cert: x509.Certificate) -> bytes:
@@ -256,32 +248,10 @@ def installed(
             operator.start()
         yield Installed(release, namespace, fullname, tc_name, ca_bundle, operator)
     finally:
-        if kube.get(THUNDER_API, "ThunderCluster", tc_name) is not None:
-            kube.delete(THUNDER_API, "ThunderCluster", tc_name)
-            with contextlib.suppress(AssertionError):
-                wait_for(
-                    lambda: kube.get(THUNDER_API, "ThunderCluster", tc_name) is None,
-                    "the operator to release the ThunderCluster",
-                    timeout=45,
-                )
+        release_thundercluster(kube, tc_name)
         if operator is not None:
             operator.stop()
-        # No kubelet runs the chart's pre-delete Job here.
-        _helm(env, "uninstall", release, "--namespace", namespace, "--no-hooks", check=False)
-        if kube.get(THUNDER_API, "ThunderCluster", tc_name) is not None:
-            kube.resource(THUNDER_API, "ThunderCluster").patch(
-                name=tc_name,
-                body={"metadata": {"finalizers": None}},
-                content_type="application/merge-patch+json",
-            )
-        for daemon_set in (DAEMONSET_NAME, CONSUMER_DAEMONSET_NAME):
-            kube.delete("apps/v1", "DaemonSet", daemon_set, namespace)
-        for leftover in kube.core.list_namespaced_pod(namespace).items:
-            if leftover.metadata is not None and leftover.metadata.name:
-                with contextlib.suppress(k8s.ApiException):
-                    kube.core.delete_namespaced_pod(
-                        leftover.metadata.name, namespace, grace_period_seconds=0
-                    )
+        uninstall(env, kube, release, namespace, tc_name)
         kube.core.delete_namespace(namespace)
 
 
