@@ -161,6 +161,11 @@ push: $(STAMP) tools image ## Push the images (make image's OCI archives, skopeo
 	@hack/ensure-registry.sh
 	HELM=$(HELM) $(PY) -m release.push --registry $(REGISTRY) $(if $(IMAGE_TAG),--tag $(IMAGE_TAG)) $(if $(filter 0,$(PUSH_CHART)),--without-chart)
 
+.PHONY: release
+release: ## Every test, then push the tested images and the chart pinned to them to REGISTRY ([IMAGE_TAG=...]; root)
+	$(MAKE) test
+	$(MAKE) push REGISTRY=$(REGISTRY) $(if $(IMAGE_TAG),IMAGE_TAG=$(IMAGE_TAG))
+
 .PHONY: push-docker
 push-docker: ## Push the images make image-docker built (REGISTRY=..., IMAGE_TAG=...; needs a docker engine)
 	release/images.sh push

@@ -6,6 +6,11 @@ chart is packaged with ``helm package`` and pushed as an OCI artifact with ``hel
 to ``<registry>/charts/thunder-device-plugin:<chart version>``, where ``helm install
 oci://<registry>/charts/thunder-device-plugin --version <chart version>`` finds it.
 
+The chart pushed records the images it goes with: its ``values.yaml`` names the pushed
+repositories, their tag and their digest (``operator.image`` and ``daemon.image``), so
+``helm install oci://...`` runs exactly the images pushed with it, pinned by digest,
+with no image setting (``pinned_values``). The chart in the tree keeps its defaults.
+
 Tags are immutable: the images' tag is ``<version>-<UTC time>`` (by default the project
 version and the commit time of ``HEAD``, ``0.1.0-20261130T000000Z``), and a tag (or
 chart version) the registry already has is never pushed over: the push stops before
@@ -156,6 +161,41 @@ class Pusher:
         return Pushed("chart", reference, found.group(1))
 
 
+# The image blocks of values.yaml, found by their repository's last path part.
+_IMAGE_BLOCK = re.compile(
+    r"(?m)^(?P<indent> +)image:\n"
+    r"(?P=indent)  repository: (?P<repository>\S+)\n"
+    r"(?P=indent)  tag: (?P<tag>\S+)\n"
+    r"(?P=indent)  digest: (?P<digest>\S+)\n"
+)
+
+
+def pinned_values(values: str, pushed: dict[str, Pushed]) -> str:
+    """``values`` (the chart's values.yaml, comments kept) with the operator and daemon
+    image blocks naming what was pushed: repository, tag and digest."""
+    by_name = {p.reference.rsplit(":", 1)[0].rsplit("/", 1)[1]: p for p in pushed.values()}
+    done: set[str] = set()
+
+    def pin(found: re.Match[str]) -> str:
+        name = found["repository"].rsplit("/", 1)[-1]
+        artifact = by_name.get(name)
+        if artifact is None:
+            return found[0]
+        done.add(name)
+        repository, tag = artifact.reference.rsplit(":", 1)
+        indent = found["indent"]
+        return (
+            f"{indent}image:\n{indent}  repository: {repository}\n"
+            f'{indent}  tag: "{tag}"\n{indent}  digest: "{artifact.digest}"\n'
+        )
+
+    pinned = _IMAGE_BLOCK.sub(pin, values)
+    missing = sorted(set(by_name) - done)
+    if missing:
+        raise PushError(f"values.yaml has no image block for {', '.join(missing)}")
+    return pinned
+
+
 def chart_metadata(chart: Path = CHART) -> dict[str, str]:
     meta = yaml.safe_load((chart / "Chart.yaml").read_text())
     return {"name": str(meta["name"]), "version": str(meta["version"])}
@@ -202,7 +242,11 @@ def push(
             pushed.append(pusher.push_image(component, archive, reference, work))
         if chart is None:
             return pushed
-        done = _run([str(helm), "package", str(chart), "--destination", str(work)])
+        pinned = work / "chart" / chart.name
+        shutil.copytree(chart, pinned)
+        values = pinned / "values.yaml"
+        values.write_text(pinned_values(values.read_text(), {p.name: p for p in pushed}))
+        done = _run([str(helm), "package", str(pinned), "--destination", str(work)])
         if done.returncode != 0:
             raise _failed("helm package", done)
         package = work / f"{meta['name']}-{meta['version']}.tgz"

@@ -1,7 +1,8 @@
 """``make push`` against a real registry: the test platform's registry on 127.0.0.1
 (``hack.registry``, Debian's docker-registry), the operator and daemon images from the
 OCI archives ``make image`` built, and the chart as an OCI artifact. What was pushed is
-what the registry serves, by tag and by digest, and a tag is never pushed twice."""
+what the registry serves, by tag and by digest, the chart's values name the pushed images
+by tag and digest (a render pins them by digest), and a tag is never pushed twice."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hack import image as image_builder
 from hack.registry import Registry
@@ -62,6 +64,44 @@ def test_make_push_fills_a_registry_that_serves_what_was_pushed_and_keeps_tags(
         )  # fmt: skip
         assert shown.returncode == 0, shown.stderr
         assert f"version: {meta['version']}" in shown.stdout
+
+        # The pushed chart names the pushed images, by tag and digest, and renders them
+        # pinned by digest with no image setting.
+        values = subprocess.run(
+            [str(helm), "show", "values", f"oci://{target}/charts/{meta['name']}",
+             "--version", meta["version"], "--plain-http"],
+            capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+        assert values.returncode == 0, values.stderr
+        recorded = yaml.safe_load(values.stdout)
+        for artifact in pushed[:2]:
+            repository, pushed_tag = artifact.reference.rsplit(":", 1)
+            image = recorded[artifact.name]["image"]
+            assert (image["repository"], image["tag"], image["digest"]) == (
+                repository,
+                pushed_tag,
+                artifact.digest,
+            )
+        rendered = subprocess.run(
+            [str(helm), "template", "r", f"oci://{target}/charts/{meta['name']}",
+             "--version", meta["version"], "--plain-http"],
+            capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+        assert rendered.returncode == 0, rendered.stderr
+        operator, daemon = pushed[0], pushed[1]
+        pinned = f"{operator.reference.rsplit(':', 1)[0]}@{operator.digest}"
+        assert pinned in rendered.stdout, f"the operator Deployment does not run {pinned}"
+        # The daemon's DaemonSet is the operator's rendering, from the ThunderCluster.
+        objects = [o for o in yaml.safe_load_all(rendered.stdout) if o]
+        cluster = next(o for o in objects if o["kind"] == "ThunderCluster")
+        repository, pushed_tag = daemon.reference.rsplit(":", 1)
+        assert cluster["spec"]["daemon"]["image"] | {"pullPolicy": ""} == {
+            "repository": repository,
+            "tag": pushed_tag,
+            "digest": daemon.digest,
+            "pullPolicy": "",
+        }
+        assert "ghcr.io/thunder-compute" not in rendered.stdout
 
         with pytest.raises(release_push.PushError, match="immutable") as refused:
             release_push.push(target, tag, images, helm)
