@@ -78,7 +78,8 @@ class ThunderSpec(ApiModel):
 
 
 class InventoryProtectionSpec(ApiModel):
-    """How the operator treats a Thunder answer that would withdraw published devices."""
+    """How the operator treats a Thunder answer that would withdraw published devices, and
+    devices Thunder stops backing."""
 
     max_shrink_percent: Annotated[int, Field(ge=0, le=100)] = 50
     """A pool that would lose more than this percentage of its published devices in one
@@ -86,6 +87,11 @@ class InventoryProtectionSpec(ApiModel):
     confirm_passes: Annotated[int, Field(ge=1, le=1000)] = 3
     """Consecutive passes a suspect answer must repeat before published devices are
     withdrawn. Devices allocated to a ResourceClaim are never withdrawn."""
+    no_execute_after: Annotated[Duration, DurationRange("30s", "168h")] | None = None
+    """Off when unset (the default). When set, a device whose
+    thundercompute.com/unbacked NoSchedule taint is at least this old (by its timeAdded)
+    also gets that taint with effect NoExecute, so Kubernetes evicts the pods whose claims
+    hold it (30s to 168h)."""
 
 
 class InventoryLimitsSpec(ApiModel):
@@ -131,7 +137,7 @@ class OperatorSpec(ApiModel):
     inventory_concurrency: Annotated[int, Field(ge=1, le=64)] = 8
     """Most Thunder API reads in flight during an inventory pass."""
     inventory_protection: InventoryProtectionSpec = Field(default_factory=InventoryProtectionSpec)
-    """When a shrinking inventory is trusted."""
+    """When a shrinking inventory is trusted; when unbacked devices evict their pods."""
     limits: InventoryLimitsSpec = Field(default_factory=InventoryLimitsSpec)
     """Bounds on vendor-reported numbers."""
 

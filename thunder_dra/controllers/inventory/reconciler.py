@@ -4,6 +4,7 @@
                    -> compute_capacity -> build_pools (limits)  (capacity, slices)
                    -> pools kept for allocated devices, suspect shrinks held (guard)
                    -> devices Thunder does not back tainted       (taints)
+                      (NoExecute too once older than noExecuteAfter, if set)
                    -> build_device_classes -> plan and apply the writes (publish)
 
 The published slices, classes and the claims' allocations are listed alongside the
@@ -31,6 +32,7 @@ import asyncio
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from functools import partial
 from typing import Any, Final
@@ -58,8 +60,10 @@ from thunder_dra.controllers.inventory.taints import (
     TAINT_KEY,
     TaintReason,
     has_taints,
+    no_execute_due,
     own_reason,
     taint_body,
+    time_added_index,
     unbacked,
 )
 from thunder_dra.controllers.inventory.thunder import ThunderInventory, read_inventory
@@ -138,19 +142,26 @@ def _tainted(
     pool: DesiredPool,
     reason: TaintReason,
     published: Sequence[Mapping[str, Any]],
+    no_execute_after: timedelta | None = None,
+    now: datetime | None = None,
 ) -> DesiredPool:
     """`pool` with the devices beyond what Thunder backs tainted `reason` (see taints.py
-    for when a device keeps the reason it has)."""
+    for when a device keeps the reason it has), and NoExecute too on those whose stored
+    NoSchedule taint is at least `no_execute_after` old."""
     devices = unbacked(pool.devices, pool.backed)
     if not devices:
-        return replace(pool, taints=())
+        return replace(pool, taints=(), no_execute=())
     sticky = reason in STICKY_REASONS
     before = _published_reasons(published) if sticky else {}
     taints = []
     for device in devices:
         kept = before.get(device)
         taints.append((device, kept if kept in STICKY_REASONS else str(reason)))
-    return replace(pool, taints=tuple(taints))
+    due: tuple[str, ...] = ()
+    if no_execute_after is not None:
+        index = time_added_index(d for obj in published for d in bodies.devices(obj))
+        due = no_execute_due(tuple(taints), index, no_execute_after, now or datetime.now(UTC))
+    return replace(pool, taints=tuple(taints), no_execute=due)
 
 
 def _kept_pool(
@@ -174,18 +185,27 @@ def outage_layout(
     allocated: Mapping[str, frozenset[str]],
     *,
     taints: bool = True,
+    now: datetime | None = None,
 ) -> tuple[DesiredPool, ...]:
     """Thunder's zone list could not be read: every published pool as it is, each device
-    tainted ThunderUnreachable (or untouched without taints)."""
+    tainted ThunderUnreachable (or untouched without taints); NoExecute too, on the
+    devices whose taint is older than `config.no_execute_after`, at `now`."""
     current = published_devices(slices)
     samples = sample_slices(slices)
+    by_pool = group_by_pool(slices) if config.no_execute_after is not None else {}
     pools = []
     for name in sorted(current):
         kept = _kept_pool(name, samples, current, allocated, config)
         if kept is None:
             continue
         if taints:
-            kept = _tainted(kept, TaintReason.THUNDER_UNREACHABLE, ())
+            kept = _tainted(
+                kept,
+                TaintReason.THUNDER_UNREACHABLE,
+                by_pool.get(name, ()),
+                config.no_execute_after,
+                now,
+            )
         pools.append(kept)
     return tuple(pools)
 
@@ -199,10 +219,11 @@ def plan_layout(
     streaks: Mapping[str, tuple[int, int]],
     *,
     taints: bool = True,
+    now: datetime | None = None,
 ) -> PassLayout:
     """Capacities, limits, kept allocations, the shrink guard and the taints of devices
     Thunder does not back: CPU work for a thread. `taints=False` (the API server drops
-    them) publishes none."""
+    them) publishes none. `now` (default: the clock) dates the taints for NoExecute."""
     capacities = compute_capacity(read.zones, max_gpus_per_host=config.max_gpus_per_host)
     current = published_devices(slices)
     listed = [*(zone.zone_name for zone in read.zones), *read.unavailable_zone_names]
@@ -289,6 +310,8 @@ def plan_layout(
                 pool,
                 _reason(pool, read, zone_kept, samples.get(pool.name), answered.get(pool.name)),
                 by_pool.get(pool.name, ()),
+                config.no_execute_after,
+                now,
             )
             for pool in pools
         ]

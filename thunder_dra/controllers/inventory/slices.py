@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any, Final
 
@@ -50,6 +51,7 @@ from thunder_dra.api import syntax
 from thunder_dra.api.thundercluster import PoolStatus, ThunderClusterSpec
 from thunder_dra.controllers.inventory.capacity import PoolCapacity, format_target
 from thunder_dra.controllers.inventory.taints import (
+    EFFECT_NO_EXECUTE,
     MAX_DEVICES_PER_TAINTED_SLICE,
     DeviceTaints,
     TimeAddedIndex,
@@ -79,12 +81,15 @@ class InventoryConfig:
     max_devices_per_pool: int | None = None
     max_pools: int | None = None
     max_devices: int | None = None
+    no_execute_after: timedelta | None = None
+    """How old a device's NoSchedule taint gets before NoExecute is added (None: never)."""
 
     @classmethod
     def from_spec(
         cls, spec: ThunderClusterSpec, owner: ThunderClusterRef | None = None
     ) -> InventoryConfig:
         limits = spec.operator.limits
+        no_execute_after = spec.operator.inventory_protection.no_execute_after
         return cls(
             driver_name=spec.operator.driver_name,
             device_class_prefix=spec.operator.device_class_prefix,
@@ -95,6 +100,7 @@ class InventoryConfig:
             max_devices_per_pool=limits.max_devices_per_pool,
             max_pools=limits.max_pools,
             max_devices=limits.max_devices,
+            no_execute_after=None if no_execute_after is None else no_execute_after.to_timedelta(),
         )
 
 
@@ -124,6 +130,8 @@ class DesiredPool:
     """How many of the devices Thunder backs (its answer for the pool, before limits)."""
     taints: DeviceTaints = ()
     """(device, reason) of the devices tainted as not backed (taints.py)."""
+    no_execute: tuple[str, ...] = ()
+    """Tainted devices that also carry the taint with effect NoExecute (taints.py)."""
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -155,7 +163,9 @@ class DesiredPool:
     def annotations(self) -> dict[str, str]:
         return {naming.ANNOTATION_GPU_TYPE: self.model, naming.ANNOTATION_ZONE: self.zone_name}
 
-    def _device(self, name: str, reason: str | None, time_added: TimeAddedIndex) -> dict[str, Any]:
+    def _device(
+        self, name: str, reason: str | None, time_added: TimeAddedIndex, evict: bool = False
+    ) -> dict[str, Any]:
         attributes: dict[str, Any] = {}
         if len(self.model) <= naming.ATTRIBUTE_STRING_MAX:
             attributes[naming.ATTRIBUTE_GPU_TYPE] = {"string": self.model}
@@ -163,7 +173,10 @@ class DesiredPool:
         attributes[naming.ATTRIBUTE_ZONE] = {"string": self.zone_name}
         device: dict[str, Any] = {"name": name, "attributes": attributes}
         if reason is not None:
-            device["taints"] = [carry_time_added(name, taint_body(reason), time_added)]
+            taints = [taint_body(reason)]
+            if evict:
+                taints.append(taint_body(reason, effect=EFFECT_NO_EXECUTE))
+            device["taints"] = [carry_time_added(name, t, time_added) for t in taints]
         return device
 
     def _node_selector(self) -> dict[str, Any]:
@@ -182,6 +195,7 @@ class DesiredPool:
 
         `time_added` holds the stored timeAdded of taints already published."""
         reasons = dict(self.taints)
+        evict = frozenset(self.no_execute)
         index = time_added or {}
         metadata: dict[str, Any] = {
             "name": piece.name,
@@ -202,7 +216,10 @@ class DesiredPool:
                     "resourceSliceCount": len(self.slices),
                 },
                 "nodeSelector": self._node_selector(),
-                "devices": [self._device(name, reasons.get(name), index) for name in piece.devices],
+                "devices": [
+                    self._device(name, reasons.get(name), index, name in evict)
+                    for name in piece.devices
+                ],
             },
         }
 

@@ -22,6 +22,17 @@ lower new target is `TargetLowered`. Once a device carries one of the two, it ke
 it while it stays unbacked, so the value does not flip on the pass after the pool's
 target label was rewritten.
 
+With `spec.operator.inventoryProtection.noExecuteAfter` set (off by default), a device
+whose NoSchedule taint is at least that old, by its stored `timeAdded`, also carries the
+same key and value with effect `NoExecute` (`no_execute_due`). It is a second entry
+rather than a changed effect, so the NoSchedule taint keeps its `timeAdded` (the
+outage's start, which the count runs from, also across operator restarts), the
+NoExecute entry gets its own (from which claims' `tolerationSeconds` run), and turning
+the setting off removes one entry without touching the other. kube-controller-manager's
+`device-taint-eviction-controller` then evicts the pods whose claims hold the device and
+do not tolerate the taint. A taint whose value changes starts counting again; both
+entries go when Thunder backs the device again.
+
 The API server fills in `timeAdded` when a taint lacks it; the planner carries the
 stored `timeAdded` of the same taint (key, value and effect) on the same device back
 into the desired body (`carry_time_added`), so a pass with no change writes nothing.
@@ -32,6 +43,7 @@ is told apart by `taints_dropped`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
 
@@ -39,8 +51,9 @@ from thunder_dra.kube import naming
 
 TAINT_KEY: Final = f"{naming.DRIVER_NAME}/unbacked"
 EFFECT_NO_SCHEDULE: Final = "NoSchedule"
+EFFECT_NO_EXECUTE: Final = "NoExecute"
 MAX_TAINTS_PER_DEVICE: Final = 16
-"""The API's limit of taints per device (this operator sets at most one)."""
+"""The API's limit of taints per device (this operator sets at most two)."""
 MAX_DEVICES_PER_TAINTED_SLICE: Final = 64
 """The API's limit of devices in a slice that holds any tainted device."""
 
@@ -67,8 +80,10 @@ def unbacked(devices: Sequence[str], backed: int) -> tuple[str, ...]:
     return tuple(devices[max(backed, 0) :])
 
 
-def taint_body(reason: str, time_added: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"key": TAINT_KEY, "value": reason, "effect": EFFECT_NO_SCHEDULE}
+def taint_body(
+    reason: str, time_added: str | None = None, effect: str = EFFECT_NO_SCHEDULE
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": TAINT_KEY, "value": reason, "effect": effect}
     if time_added:
         body["timeAdded"] = time_added
     return body
@@ -122,6 +137,33 @@ def carry_time_added(
         (device, str(taint.get("key")), str(taint.get("value")), str(taint.get("effect")))
     )
     return {**taint, "timeAdded": added} if added else dict(taint)
+
+
+def parse_time(text: str) -> datetime | None:
+    """An RFC 3339 time as the API server writes `timeAdded`; None if it is not one."""
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
+def no_execute_due(
+    taints: DeviceTaints, index: TimeAddedIndex, after: timedelta | None, now: datetime
+) -> tuple[str, ...]:
+    """The devices of `taints` whose stored NoSchedule taint, with the same value, was
+    added at least `after` before `now` (none when `after` is None): they also get the
+    taint with effect NoExecute. A taint not yet stored, or with a `timeAdded` that is not
+    a time, is not due."""
+    if after is None:
+        return ()
+    due = []
+    for device, reason in taints:
+        added = index.get((device, TAINT_KEY, reason, EFFECT_NO_SCHEDULE))
+        since = parse_time(added) if added else None
+        if since is not None and now - since >= after:
+            due.append(device)
+    return tuple(due)
 
 
 def has_taints(body: Mapping[str, Any]) -> bool:
