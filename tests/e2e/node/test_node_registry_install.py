@@ -12,11 +12,12 @@ Thunder and the kubectl image of ``helm test``.
 The node's containerd pulls the operator and daemon images by the digests the chart
 pins, over plain http as it does for a loopback address with no configuration, and the
 pods run under the registry's references. The images pushed are the archives ``make
-image`` built with one more manifest annotation (the push's tag), so their manifests
-exist nowhere but in the registry: the registry's own log shows containerd fetching
-each. (Their configuration and layers are the ones the node imported for the other
-modules under local names; containerd, addressing content by digest, fetches only what
-it lacks, and the node keeps the imported images the later modules run.)
+image`` built with one more label in their configuration (the push's tag), so their
+configurations and manifests exist nowhere but in the registry: the registry's own log
+shows containerd fetching each. (Their layers are the ones the node imported for the
+other modules under local names; containerd, addressing content by digest, fetches only
+what it lacks. The images keep IDs of their own, so the node's imported images, which
+the later modules run, keep their names.)
 
 Then, in order: the pushed tags are immutable; the operator and the daemon run the
 pinned images; the daemon enrolls the node and ``helm test`` passes; a pod with a
@@ -85,9 +86,18 @@ def readme_registry_commands(registry: str, chart_version: str) -> list[str]:
     return [" ".join(line.split()) for line in text.splitlines() if line.strip()]
 
 
-def _annotated(archive: Path, workdir: Path, note: str) -> Path:
-    """A copy of an OCI archive whose one manifest carries one more annotation: the same
-    configuration and layers under a manifest digest no store has seen."""
+def _blob(blobs: Path, value: dict[str, Any]) -> tuple[str, int]:
+    body = json.dumps(value, separators=(",", ":")).encode()
+    digest = hashlib.sha256(body).hexdigest()
+    (blobs / digest).write_bytes(body)
+    return f"sha256:{digest}", len(body)
+
+
+def _labelled(archive: Path, workdir: Path, note: str) -> Path:
+    """A copy of an OCI archive whose image configuration carries one more label: the
+    same layers under a configuration and a manifest no store has seen, so the image has
+    an ID of its own (the runtime keys images by their configuration's digest, and a
+    pulled image with the ID of an imported one would take the imported one's name)."""
     layout = workdir / archive.stem
     with tarfile.open(archive) as tar:
         tar.extractall(layout, filter="data")
@@ -95,11 +105,14 @@ def _annotated(archive: Path, workdir: Path, note: str) -> Path:
     entry = index["manifests"][0]
     blobs = layout / "blobs" / "sha256"
     manifest = json.loads((blobs / entry["digest"].split(":", 1)[1]).read_text())
-    manifest.setdefault("annotations", {})["thundercompute.com/registry-install-test"] = note
-    body = json.dumps(manifest, separators=(",", ":")).encode()
-    digest = hashlib.sha256(body).hexdigest()
-    (blobs / digest).write_bytes(body)
-    entry.update({"digest": f"sha256:{digest}", "size": len(body)})
+    config = json.loads((blobs / manifest["config"]["digest"].split(":", 1)[1]).read_text())
+    labels = config.setdefault("config", {}).setdefault("Labels", {}) or {}
+    labels["thundercompute.com/registry-install-test"] = note
+    config["config"]["Labels"] = labels
+    digest, size = _blob(blobs, config)
+    manifest["config"].update({"digest": digest, "size": size})
+    digest, size = _blob(blobs, manifest)
+    entry.update({"digest": digest, "size": size})
     (layout / "index.json").write_text(json.dumps(index))
     out = workdir / archive.name
     with tarfile.open(out, "w") as tar:
@@ -146,7 +159,7 @@ def from_registry(
     to_push = {
         component: image_builder.BuiltImage(
             component, node_images[component].ref,
-            _annotated(node_images[component].archive, workdir, tag),
+            _labelled(node_images[component].archive, workdir, tag),
         )
         for component in PULLED
     }  # fmt: skip
@@ -301,3 +314,21 @@ def test_a_pod_with_a_resourceclaim_runs_with_the_injected_files(
     install.wait_claims_gone("default")
     wait(lambda: not install.cdi_specs(), "the claim's CDI spec removed")
     assert install.fake.admin.leaks() == []
+
+
+def test_the_nodes_imported_images_still_run_under_their_own_names(
+    from_registry: RegistryInstall,
+) -> None:
+    # The later real-node modules run the imported images (pullPolicy Never): pulling
+    # the registry's images must have left them as they were.
+    install = from_registry.install
+    for component in PULLED:
+        name = f"imported-{component}"
+        pod = run_pod(
+            install.node,
+            stock_pod(name, install.images[component].ref, "echo imported image runs"),
+            timeout=120,
+        )
+        assert pod["status"]["phase"] == "Succeeded", pod["status"]
+        assert "imported image runs" in pod_logs(install.node, name)
+        install.node.kubectl("delete", "pod", name, "--wait=true")
