@@ -15,8 +15,9 @@ unexport PYTHONDONTWRITEBYTECODE
 # As root (CI, these machines) the real-node tests and demo run: build what they need
 # first (node components, images). Elsewhere they skip or fall back, saying why.
 NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-tools image)
-# The real-node tests also scrape the chart's pods with a real Prometheus.
-NODE_TEST_PREREQS := $(if $(filter 0,$(shell id -u)),prometheus)
+# The real-node tests also scrape the chart's pods with a real Prometheus and install the
+# bundle with a real OLM.
+NODE_TEST_PREREQS := $(if $(filter 0,$(shell id -u)),prometheus olm)
 
 .PHONY: help
 help: ## List the targets
@@ -140,12 +141,16 @@ node-tools: ## Build (once, cached) kubelet, containerd and the pause image; ins
 prometheus: ## Build (once, cached) the Prometheus server the real-node tests scrape the chart with
 	@hack/build-prometheus.sh >/dev/null
 
+.PHONY: olm
+olm: ## Build (once, cached) OLM's olm and catalog operators and opm, with OLM's CRDs, for the real-node OLM test
+	@hack/build-olm.sh >/dev/null
+
 .PHONY: node
 node: $(STAMP) tools node-tools image ## Local control plane plus a real node (kubelet, containerd) until Ctrl-C (root)
 	$(PY) -m hack.node run $$($(PY) -m hack.image print | awk '{print "--image", $$2}')
 
 .PHONY: test-node
-test-node: $(STAMP) tools node-tools image prometheus ## Only the real-node tests (tests/e2e/node; root): images via runc, the chart on a kubelet + containerd node
+test-node: $(STAMP) tools node-tools image prometheus olm ## Only the real-node tests (tests/e2e/node; root): images via runc, the chart on a kubelet + containerd node
 	$(VENV)/bin/pytest tests/e2e/node $(PYTEST_ARGS)
 
 .PHONY: node-cleanup
@@ -162,9 +167,18 @@ push: $(STAMP) tools image ## Push the images (make image's OCI archives, skopeo
 	HELM=$(HELM) $(PY) -m release.push --registry $(REGISTRY) $(if $(IMAGE_TAG),--tag $(IMAGE_TAG)) $(if $(filter 0,$(PUSH_CHART)),--without-chart)
 
 .PHONY: release
-release: ## Every test, then push the tested images and the chart pinned to them to REGISTRY ([IMAGE_TAG=...]; root)
+release: ## Every test, then push the tested images and the chart pinned to them to REGISTRY, and write the OLM catalog of them ([IMAGE_TAG=...]; root)
 	$(MAKE) test
 	$(MAKE) push REGISTRY=$(REGISTRY) $(if $(IMAGE_TAG),IMAGE_TAG=$(IMAGE_TAG))
+	$(MAKE) catalog REGISTRY=$(REGISTRY) $(if $(IMAGE_TAG),IMAGE_TAG=$(IMAGE_TAG))
+
+# The catalog's bundle is versioned after the release's tag (IMAGE_TAG, by default make
+# push's: <version>-<commit time of HEAD>) and names REGISTRY's images of that tag.
+.PHONY: catalog
+catalog: $(STAMP) ## OLM file-based catalog of bundle/ for the images make push pushed (REGISTRY=..., [IMAGE_TAG=...]) into dist/catalog
+	@hack/build-olm.sh >/dev/null
+	rm -rf dist/catalog
+	$(PY) -m release.catalog --out dist/catalog --registry $(REGISTRY) $(if $(IMAGE_TAG),--tag $(IMAGE_TAG))
 
 .PHONY: push-docker
 push-docker: ## Push the images make image-docker built (REGISTRY=..., IMAGE_TAG=...; needs a docker engine)
