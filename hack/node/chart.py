@@ -267,10 +267,10 @@ def chart_values(fake: FakeThunderProcess, images: dict[str, image_builder.Built
     }
 
 
-def readme_install() -> list[list[str]]:
+def readme_install(readme: Path = README) -> list[list[str]]:
     """The commands of the README's Install section (Helm, from a clone), as argv lists:
     the first ``sh`` block after the ``## Install`` heading."""
-    section = README.read_text().split("\n## Install\n", 1)[1]
+    section = readme.read_text().split("\n## Install\n", 1)[1]
     found = re.search(r"```sh\n(.*?)```", section, re.S)
     if found is None:
         raise ValueError("README.md's Install section has no sh block")
@@ -280,17 +280,21 @@ def readme_install() -> list[list[str]]:
 
 
 def _run_readme_install(
-    install: Install, token_file: Path, values: Path, helm_timeout: str = "5m"
+    install: Install, token_file: Path, values: Path, helm_timeout: str = "5m", root: Path = REPO
 ) -> str:
     """Run the README's Install commands on the node's cluster, with ``token_file`` for the
     token and, on ``helm install``, the test's ``values`` and ``--wait``; the output of
-    ``helm install``. Paths in the commands are the repository's. On a node an earlier
-    install used, the namespace is there already and its Secret is made anew."""
+    ``helm install``. Paths in the commands are those of the tree at ``root`` (this
+    repository, or an earlier release's tree), and the README is that tree's: an earlier
+    README's ``--from-literal=THUNDER_API_TOKEN='<token>'`` gets the token. On a node an
+    earlier install used, the namespace is there already and its Secret is made anew."""
     node = install.node
     output = ""
-    for argv in readme_install():
-        tool, args = argv[0], [a.replace(TOKEN_FILE, str(token_file)) for a in argv[1:]]
-        args = [str(REPO / a) if not a.startswith("-") and (REPO / a).exists() else a
+    for argv in readme_install(root / "README.md"):
+        tool = argv[0]
+        args = [a.replace(TOKEN_FILE, str(token_file)).replace("<token>", API_TOKEN)
+                for a in argv[1:]]  # fmt: skip
+        args = [str(root / a) if not a.startswith("-") and (root / a).exists() else a
                 for a in args]  # fmt: skip
         if tool == "kubectl":
             if args[:2] == ["create", "namespace"] and node.kubectl(
@@ -325,11 +329,14 @@ def installed(
     images: dict[str, image_builder.BuiltImage],
     workdir: Path,
     values: dict[str, Any] | None = None,
+    tree: Path = REPO,
 ) -> Iterator[Install]:
     """The fake Thunder and the chart, installed as the README says; removed on exit.
 
-    ``values`` are merged into the chart values. On a node an earlier install used, the
-    daemon pods of that install are gone first and thunderd is installed anew."""
+    ``values`` are merged into the chart values. ``tree`` is the source tree whose README
+    and chart are installed: this repository, or an earlier release's (the upgrade test).
+    On a node an earlier install used, the daemon pods of that install are gone first and
+    thunderd is installed anew."""
     cluster = node.cluster
     cert = cluster.server_certs[launcher.BRIDGE_CERT]
     _wait_no_daemon_pods(node)
@@ -351,7 +358,7 @@ def installed(
         path = workdir / "values.yaml"
         path.write_text(yaml.safe_dump(chosen))
         install = Install(node, fake, images, "", workdir, chosen)
-        install.install_output = _run_readme_install(install, token_file, path)
+        install.install_output = _run_readme_install(install, token_file, path, root=tree)
         try:
             yield install
         finally:
