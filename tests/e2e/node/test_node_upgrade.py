@@ -8,21 +8,29 @@ holding a ResourceClaim for two GPUs runs, reading its injected files every seco
 
 Then the upgrade as the current README says: the CRDs re-applied with its Install
 section's command (Helm never upgrades ``crds/``) and ``helm upgrade`` of the release to
-the tree's chart, with the tree's images. Then, in order: the held pod kept running and
-reading its files, and a process started in it after the upgrade still gets them; the
+the tree's chart, with the tree's images. The module runs twice: with the node serving,
+and with its serving label removed just before the upgrade, so that the tree's consumer
+DaemonSet takes the node over from the last release's one DaemonSet (the label is back
+when the module ends, for the folder's later modules).
+
+Then, in order: the node had a Ready daemon pod at every sample through the upgrade; the
 operator and the daemon run the tree's images, and the DaemonSets are exactly what the
-tree's operator renders (the serving one and the consumer one; no pod of the last
-release's DaemonSet is left); a new claim's pod runs with its files; no prepare failed
-(neither a ``FailedPrepareDynamicResources`` event nor the kubelet's log line); and once
-the pods and claims are deleted nothing is left and no enrollment leaked.
+tree's operator renders (one daemon pod on the node, of its role; none of the last
+release's DaemonSet left; the old DaemonSet updated only after the consumer one was
+created and ready, by the operator's events); the held pod kept running and reading its
+files, and a process started in it after the upgrade still gets them; a new claim's pod
+runs with its files; no prepare failed (neither a ``FailedPrepareDynamicResources`` event
+nor the kubelet's log line); and once the pods and claims are deleted nothing is left and
+no enrollment leaked.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +60,14 @@ from thunder_dra.api.thundercluster import ThunderClusterSpec
 from thunder_dra.controllers.shared.ownership import ThunderClusterRef
 from thunder_dra.controllers.workload import daemonset
 from thunder_dra.controllers.workload.tracing import DaemonTracing
+from thunder_dra.kube import naming
 
 CLASS = "thunder-gpu-a6000"
 HELD = "held-across-upgrade"
 TEMPLATE = "upgrade-two-a6000"
 CONSUMER_DS = daemonset.CONSUMER_DAEMONSET_NAME
+SERVING_LABEL = naming.NODE_LABEL_SERVING
+ROLES = ("serving", "consumer")
 # The held pod reads its injected files every second and says so, with the time.
 HELD_SCRIPT = r"""
 while true; do
@@ -77,9 +88,15 @@ class Upgrade:
     last: LastRelease
     current: dict[str, image_builder.BuiltImage]
     kubelet_log_start: int
+    # The node's role through the upgrade: "serving", or "consumer" (its serving label
+    # removed before the upgrade, so the tree's consumer DaemonSet takes it over).
+    role: str
     held_container: str = ""
     upgraded_at: float = 0.0
     upgrade_output: str = ""
+    # The Ready daemon pods on the node, sampled every second from the upgrade on.
+    ready_daemons: list[int] = field(default_factory=list)
+    sampling: threading.Event = field(default_factory=threading.Event)
 
 
 @pytest.fixture(scope="module")
@@ -90,24 +107,31 @@ def last(real_node: Node) -> LastRelease:
     return release
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=ROLES)
 def upgrade(
+    request: pytest.FixtureRequest,
     real_node: Node,
     node_images: dict[str, image_builder.BuiltImage],
     last: LastRelease,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Upgrade]:
-    workdir = tmp_path_factory.mktemp("node-upgrade")
+    role = str(request.param)
+    workdir = tmp_path_factory.mktemp(f"node-upgrade-{role}")
     old_images = {**node_images, **last.images}
     kubelet_log_start = len(real_node.logs("kubelet").splitlines())
     with installed(real_node, old_images, workdir, tree=last.tree) as done:
+        upgrade = Upgrade(done, last, node_images, kubelet_log_start, role)
         try:
-            yield Upgrade(done, last, node_images, kubelet_log_start)
+            yield upgrade
         finally:
+            upgrade.sampling.set()
             done.node.kubectl("delete", "pods", "--all", "-n", "default", "--wait=true",
                               check=False, timeout=180)  # fmt: skip
             done.node.kubectl("delete", "resourceclaimtemplates", "--all", "-n", "default",
                               check=False)  # fmt: skip
+            # Serving again, as the folder's other modules expect the node.
+            done.node.kubectl("label", "node", done.node.config.name, f"{SERVING_LABEL}=true",
+                              "--overwrite")  # fmt: skip
 
 
 def _daemon_image(pod: dict[str, Any]) -> str:
@@ -174,6 +198,11 @@ def test_helm_upgrade_to_the_tree_with_the_crds_reapplied(upgrade: Upgrade) -> N
     )
     path = install.workdir / "values-upgrade.yaml"
     path.write_text(yaml.safe_dump(values))
+    if upgrade.role == "consumer":
+        # The node stops serving; the last release's daemon, one DaemonSet on every node,
+        # keeps running on it until the tree's consumer DaemonSet is ready.
+        install.node.kubectl("label", "node", install.node.config.name, f"{SERVING_LABEL}-")
+    threading.Thread(target=_sample_ready_daemons, args=(upgrade,), daemon=True).start()
     upgrade.upgraded_at = time.time()
     upgrade.upgrade_output = readme_upgrade(install, path)
     install.values = values
@@ -184,6 +213,13 @@ def test_helm_upgrade_to_the_tree_with_the_crds_reapplied(upgrade: Upgrade) -> N
     crd = install.get("crd", "thunderclusters.thundercompute.com")
     served = json.dumps(crd["spec"]["versions"])
     assert "noExecuteAfter" in served
+
+
+def _sample_ready_daemons(upgrade: Upgrade) -> None:
+    while not upgrade.sampling.is_set():
+        pods = upgrade.install.daemon_pods()
+        upgrade.ready_daemons.append(sum(1 for p in pods if _ready(p)))
+        upgrade.sampling.wait(1)
 
 
 def readme_upgrade(install: Install, values: Path) -> str:
@@ -246,19 +282,43 @@ def test_the_operator_and_the_daemon_run_the_trees_images(upgrade: Upgrade) -> N
             return None
         return stored if all(_ready(p) for p in pods) else None
 
-    stored = wait(rendered_and_rolled, "the DaemonSets the tree's operator renders", 300)
+    try:
+        stored = wait(rendered_and_rolled, "the DaemonSets the tree's operator renders", 300)
+    finally:
+        upgrade.sampling.set()
     assert set(stored) == {DAEMON_SET, CONSUMER_DS}
+    # The node had a Ready daemon at every sample through the upgrade.
+    assert upgrade.ready_daemons, "no sample taken"
+    assert min(upgrade.ready_daemons) >= 1, upgrade.ready_daemons
     serving = stored[DAEMON_SET]
     assert not daemonset.predates_roles(serving)
     containers = serving["spec"]["template"]["spec"]["containers"]
     assert containers[0]["image"] == current["daemon"].ref
-    # One daemon on the node, the serving one of the tree's rendering; the last release's
-    # pod is gone and the consumer DaemonSet runs none on a serving node.
+    # One daemon on the node, of its role in the tree's rendering; the last release's pod
+    # is gone and the other role's DaemonSet runs none here.
     pods = install.daemon_pods()
     assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
     labels = pods[0]["metadata"]["labels"]
-    assert labels.get(daemonset.ROLE_LABEL) == "serving", labels
-    assert stored[CONSUMER_DS]["status"].get("desiredNumberScheduled") == 0
+    assert labels.get(daemonset.ROLE_LABEL) == upgrade.role, labels
+    mine, other = (
+        (DAEMON_SET, CONSUMER_DS) if upgrade.role == "serving" else (CONSUMER_DS, DAEMON_SET)
+    )
+    assert stored[mine]["status"].get("desiredNumberScheduled") == 1
+    assert stored[other]["status"].get("desiredNumberScheduled") == 0
+    # The operator created the consumer DaemonSet and changed the old one only after it.
+    uid = _thundercluster(install)["metadata"]["uid"]
+    said = [
+        (e["reason"], e["message"])
+        for reason in ("DaemonSetCreated", "DaemonSetDeferred", "DaemonSetUpdated")
+        for e in install.events("default", reason)
+        if e["involvedObject"].get("uid") == uid
+    ]
+    assert ("DaemonSetCreated", f"DaemonSet {NAMESPACE}/{CONSUMER_DS} created") in said, said
+    deferred = (
+        f"DaemonSet {NAMESPACE}/{DAEMON_SET} deferred until every consumer daemon pod is ready"
+    )
+    assert ("DaemonSetDeferred", deferred) in said, said
+    assert ("DaemonSetUpdated", f"DaemonSet {NAMESPACE}/{DAEMON_SET} updated") in said, said
 
     def daemon_ready() -> bool:
         conditions = _thundercluster(install).get("status", {}).get("conditions", [])
