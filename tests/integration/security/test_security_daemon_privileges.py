@@ -238,7 +238,12 @@ def _wait_policies_enforced(daemon: DaemonIdentity, install: Install) -> None:
             daemon.core.create_namespaced_secret(install.workloads, body)
         except ApiException as err:
             return err.status == 403 and "ValidatingAdmissionPolicy" in _status(err)[1]
-        daemon.core.delete_namespaced_secret(name, install.workloads)
+        try:
+            daemon.core.delete_namespaced_secret(name, install.workloads)
+        except ApiException as err:
+            # The policies came into force between the create and the delete, and now
+            # refuse this delete of a Secret that is not a setup Secret.
+            return err.status == 403 and "ValidatingAdmissionPolicy" in _status(err)[1]
         return False
 
     wait_for(refused, "the admission policies enforced", timeout=60)
