@@ -15,9 +15,9 @@ unexport PYTHONDONTWRITEBYTECODE
 # As root (CI, these machines) the real-node tests and demo run: build what they need
 # first (node components, images). Elsewhere they skip or fall back, saying why.
 NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-tools image)
-# The real-node tests also scrape the chart's pods with a real Prometheus and install the
-# bundle with a real OLM.
-NODE_TEST_PREREQS := $(if $(filter 0,$(shell id -u)),prometheus olm)
+# The real-node tests also scrape the chart's pods with a real Prometheus, install the
+# bundle with a real OLM and upgrade from the last release (its images built first).
+NODE_TEST_PREREQS := $(if $(filter 0,$(shell id -u)),prometheus olm last-release)
 
 .PHONY: help
 help: ## List the targets
@@ -145,12 +145,16 @@ prometheus: ## Build (once, cached) the Prometheus server the real-node tests sc
 olm: ## Build (once, cached) OLM's olm and catalog operators and opm, with OLM's CRDs, for the real-node OLM test
 	@hack/build-olm.sh >/dev/null
 
+.PHONY: last-release
+last-release: $(STAMP) ## Build (once, cached) the images of the last release (release/last-release), which the upgrade tests start from (root)
+	@$(PY) -m hack.node.last_release >/dev/null
+
 .PHONY: node
 node: $(STAMP) tools node-tools image ## Local control plane plus a real node (kubelet, containerd) until Ctrl-C (root)
 	$(PY) -m hack.node run $$($(PY) -m hack.image print | awk '{print "--image", $$2}')
 
 .PHONY: test-node
-test-node: $(STAMP) tools node-tools image prometheus olm ## Only the real-node tests (tests/e2e/node; root): images via runc, the chart on a kubelet + containerd node
+test-node: $(STAMP) tools node-tools image prometheus olm last-release ## Only the real-node tests (tests/e2e/node; root): images via runc, the chart on a kubelet + containerd node
 	$(VENV)/bin/pytest tests/e2e/node $(PYTEST_ARGS)
 
 .PHONY: node-cleanup
