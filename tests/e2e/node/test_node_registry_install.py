@@ -205,6 +205,8 @@ def from_registry(
             [*helm_install.split(), "--plain-http", "-f", str(values_file),
              "--wait", "--timeout", "5m"],
         )  # fmt: skip
+        # Kept with the run's files, for a release note to quote.
+        (workdir / "helm-install-oci.txt").write_text(install.install_output)
         try:
             yield RegistryInstall(install, registry, pushed, chart_version, tag)
         finally:
