@@ -20,7 +20,7 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,15 +195,26 @@ class Install:
         found = self.get("events", "-n", namespace, "--field-selector", f"reason={reason}") or {}
         return list(found.get("items", []))
 
-    def failed_prepares(self, namespace: str, since_log_line: int = 0) -> list[str]:
+    def failed_prepares(
+        self, namespace: str, since_log_line: int = 0, pods: Collection[str] | None = None
+    ) -> list[str]:
         """The kubelet's FailedPrepareDynamicResources events of ``namespace``, and its
-        log lines saying a prepare failed from line ``since_log_line`` on."""
+        log lines saying a prepare failed from line ``since_log_line`` on; only those of
+        ``pods`` when given (the namespace's events outlive the earlier modules' pods)."""
         found = [
             f"event {e['involvedObject'].get('name')}: {e.get('message')}"
             for e in self.events(namespace, FAILED_PREPARE)
+            if pods is None or e["involvedObject"].get("name") in pods
         ]
         lines = self.node.logs("kubelet").splitlines()[since_log_line:]
-        found += [ln for ln in lines if FAILED_PREPARE_LOG in ln and f'pod="{namespace}/' in ln]
+        wanted = [f'pod="{namespace}/{p}"' for p in pods] if pods is not None else None
+        found += [
+            ln
+            for ln in lines
+            if FAILED_PREPARE_LOG in ln
+            and f'pod="{namespace}/' in ln
+            and (wanted is None or any(w in ln for w in wanted))
+        ]
         return found
 
 

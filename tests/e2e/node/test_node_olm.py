@@ -72,6 +72,7 @@ from thunder_dra.controllers.process.policies import operator_identity, rendered
 
 SUBSCRIPTION = "thunder-device-plugin"
 CATALOG_SOURCE = "thunder-device-plugin"
+HELD_POD = "held-through-olm-upgrade"
 DRIVER_LABEL = "app.kubernetes.io/name=thunder-dra-driver"
 CRDS = ("clients.thundercompute.com", "thunderclusters.thundercompute.com")
 # The ClusterRoles OLM makes for each CRD a CSV owns, which stay with the CRDs.
@@ -108,11 +109,33 @@ class OlmInstall:
     def csv_phase(self, name: str) -> str:
         return str(((self.csv(name) or {}).get("status") or {}).get("phase", ""))
 
-    def wait_csv_succeeded(self, name: str, timeout: float = 420) -> dict[str, Any]:
+    def rolled_out(self, image: str) -> bool:
+        """Whether the operator Deployment runs ``image`` and has finished rolling out."""
+        deployment = self.install.get("deployment", "-n", NAMESPACE, "thunder-operator") or {}
+        spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
+        containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+        replicas = spec.get("replicas", 1)
+        return (
+            [c.get("image") for c in containers] == [image]
+            and status.get("observedGeneration") == deployment["metadata"].get("generation")
+            and status.get("updatedReplicas") == replicas
+            and status.get("availableReplicas") == replicas
+            and status.get("replicas") == replicas
+        )
+
+    def wait_csv_succeeded(
+        self, release: release_catalog.Release, timeout: float = 420
+    ) -> dict[str, Any]:
+        """Until the release's CSV is Succeeded and its operator Deployment has rolled out
+        (OLM has been seen to report a new CSV's phase before it installed it)."""
+        name = release.csv_name
+
         def succeeded() -> dict[str, Any] | None:
             self.olm.alive()
             csv = self.csv(name)
-            return csv if self.csv_phase(name) == "Succeeded" else None
+            if self.csv_phase(name) != "Succeeded" or not self.rolled_out(release.operator_image):
+                return None
+            return csv
 
         try:
             csv = wait(succeeded, f"CSV {name} to reach Succeeded", timeout)
@@ -277,7 +300,7 @@ def _readme_olm_install(olm_install: OlmInstall, address: str) -> None:
         elif argv[1:] == ["apply", "-k", "config/olm"]:
             _kubectl(node, "apply", "-f", "-", stdin=olm_objects(address, env))
         elif argv[1:] == ["apply", "-k", "config/samples"]:
-            olm_install.wait_csv_succeeded(olm_install.previous.csv_name)
+            olm_install.wait_csv_succeeded(olm_install.previous)
             daemon = olm_install.last.images["daemon"]
             install.apply("thundercluster", thundercluster(install, daemon))
         else:
@@ -312,7 +335,7 @@ def test_the_readme_names_the_olm_install_commands() -> None:
 
 
 def test_olm_installs_the_last_release_and_its_csv_succeeds(olm_install: OlmInstall) -> None:
-    csv = olm_install.wait_csv_succeeded(olm_install.previous.csv_name)
+    csv = olm_install.wait_csv_succeeded(olm_install.previous)
     assert csv["spec"]["version"] == olm_install.previous.version
     deployment = olm_install.install.get("deployment", "-n", NAMESPACE, "thunder-operator")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -327,9 +350,9 @@ def test_a_pod_holding_a_claim_runs_under_the_last_release(olm_install: OlmInsta
     zone = wait(install.zone_id, "the node's zone in Thunder")
     install.fake.admin.set_targets(zone, {"A6000": 1.0})
     wait(lambda: install.get("deviceclass", "thunder-gpu-a6000"), "DeviceClass thunder-gpu-a6000")
-    install.apply("pod-held", _gpu_pod(install, "held-through-olm-upgrade", READER, gpus=1))
-    pod = wait(lambda: running(install, "held-through-olm-upgrade"), "the held pod running", 240)
-    ticks = wait(lambda: _ticks(install, "held-through-olm-upgrade"), "the held pod reading")
+    install.apply("pod-held", _gpu_pod(install, HELD_POD, READER, gpus=1))
+    pod = wait(lambda: running(install, HELD_POD), "the held pod running", 240)
+    ticks = wait(lambda: _ticks(install, HELD_POD), "the held pod reading")
     assert ticks, pod
 
 
@@ -365,7 +388,7 @@ def _ticks(install: Install, name: str) -> list[str]:
 def test_olm_upgrades_to_this_release_while_the_claim_is_held(olm_install: OlmInstall) -> None:
     install, node = olm_install.install, olm_install.node
     kubelet_lines = len(node.logs("kubelet").splitlines())
-    before = len(_ticks(install, "held-through-olm-upgrade"))
+    before = len(_ticks(install, HELD_POD))
     with olm_tools.CatalogServer(
         olm_install.workdir / "catalog-both", olm_install.workdir, "opm-both"
     ) as served:
@@ -373,7 +396,7 @@ def test_olm_upgrades_to_this_release_while_the_claim_is_held(olm_install: OlmIn
         patch = {"spec": {"address": served.address}}
         node.kubectl("patch", "catalogsource", "-n", NAMESPACE, CATALOG_SOURCE,
                      "--type=merge", "-p", json.dumps(patch))  # fmt: skip
-        csv = olm_install.wait_csv_succeeded(olm_install.current.csv_name, timeout=600)
+        csv = olm_install.wait_csv_succeeded(olm_install.current, timeout=600)
         assert csv["spec"]["replaces"] == olm_install.previous.csv_name
         wait(lambda: olm_install.csv(olm_install.previous.csv_name) is None,
              "the last release's CSV removed")  # fmt: skip
@@ -403,10 +426,10 @@ def test_olm_upgrades_to_this_release_while_the_claim_is_held(olm_install: OlmIn
 
     wait(new_daemon_ready, "a Ready daemon pod of this release", timeout=300)
     # The held pod kept running and reading its files through both upgrades.
-    assert running(install, "held-through-olm-upgrade")
-    wait(lambda: len(_ticks(install, "held-through-olm-upgrade")) > before + 5,
+    assert running(install, HELD_POD)
+    wait(lambda: len(_ticks(install, HELD_POD)) > before + 5,
          "the held pod still reading its files")  # fmt: skip
-    assert install.failed_prepares("default", kubelet_lines) == []
+    assert install.failed_prepares("default", kubelet_lines, (HELD_POD,)) == []
 
 
 def test_the_webhook_serves_olms_certificate_and_answers_the_apiserver(
@@ -459,7 +482,7 @@ def test_a_new_claim_runs_after_the_upgrade_and_nothing_leaks(olm_install: OlmIn
     logs = pod_logs(install.node, "after-olm-upgrade")
     assert pod["status"]["phase"] == "Succeeded", logs
     check_injected(install, logs)
-    for name in ("after-olm-upgrade", "held-through-olm-upgrade"):
+    for name in ("after-olm-upgrade", HELD_POD):
         install.node.kubectl("delete", "pod", name, "--wait=true", "--timeout=120s")
         install.node.kubectl("delete", "resourceclaimtemplate", name, "--wait=true")
     install.wait_claims_gone("default")

@@ -65,6 +65,7 @@ from thunder_dra.kube import naming
 CLASS = "thunder-gpu-a6000"
 HELD = "held-across-upgrade"
 TEMPLATE = "upgrade-two-a6000"
+AFTER = "after-upgrade"
 CONSUMER_DS = daemonset.CONSUMER_DAEMONSET_NAME
 SERVING_LABEL = naming.NODE_LABEL_SERVING
 ROLES = ("serving", "consumer")
@@ -353,7 +354,7 @@ def test_the_held_pod_kept_running_and_reading_its_files(upgrade: Upgrade) -> No
 
 def test_a_new_claim_after_the_upgrade_runs_with_its_files(upgrade: Upgrade) -> None:
     install = upgrade.install
-    name = "after-upgrade"
+    name = AFTER
     pod = run_pod(install.node, _claim_pod(install, name, INJECTED), timeout=240)
     logs = pod_logs(install.node, name)
     assert pod["status"]["phase"] == "Succeeded", logs
@@ -363,7 +364,7 @@ def test_a_new_claim_after_the_upgrade_runs_with_its_files(upgrade: Upgrade) -> 
 
 def test_no_prepare_failed(upgrade: Upgrade) -> None:
     install = upgrade.install
-    assert install.failed_prepares("default", upgrade.kubelet_log_start) == []
+    assert install.failed_prepares("default", upgrade.kubelet_log_start, (HELD, AFTER)) == []
 
 
 def test_deleting_the_pods_and_claims_leaks_nothing(upgrade: Upgrade) -> None:
@@ -373,7 +374,7 @@ def test_deleting_the_pods_and_claims_leaks_nothing(upgrade: Upgrade) -> None:
     install.wait_claims_gone("default")
     wait(lambda: not install.cdi_specs(), "the claims' CDI specs removed")
     assert install.fake.admin.leaks() == []
-    assert install.failed_prepares("default", upgrade.kubelet_log_start) == []
+    assert install.failed_prepares("default", upgrade.kubelet_log_start, (HELD, AFTER)) == []
 
 
 def _operator_deployment(install: Install) -> dict[str, Any]:
