@@ -61,7 +61,8 @@ def _print_dir() -> Path:
 
 def unavailable() -> str | None:
     """Why OLM cannot run here (not built yet: ``make olm``), or None."""
-    tools = OlmTools(_print_dir() / "bin", _print_dir() / "crds")
+    root = _print_dir()
+    tools = OlmTools(root / "bin", root / "crds")
     missing = [n for n in ("olm", "catalog", "opm") if not os.access(tools.binary(n), os.X_OK)]
     if missing:
         return f"OLM is not built ({', '.join(missing)} missing): run `make olm`"

@@ -66,7 +66,7 @@ from hack.node.last_release import LastRelease, last_release
 from hack.node.launcher import Node
 from release import catalog as release_catalog
 from release import push as release_push
-from release.bundle import BUNDLE, PACKAGE, project_version
+from release.bundle import BUNDLE, PACKAGE, kustomize, project_version
 from tests.e2e.node.conftest import pod_logs, run_pod, stock_pod
 from thunder_dra.controllers.process.policies import operator_identity, rendered
 
@@ -175,7 +175,7 @@ def readme_olm_commands() -> list[str]:
     return [" ".join(line.split()) for line in lines if line]
 
 
-def _kubectl(node: Node, *args: str, stdin: str | None = None, check: bool = True) -> str:
+def _kubectl(node: Node, *args: str, stdin: str | None = None) -> str:
     done = subprocess.run(
         [str(node.cluster.bin_dir / "kubectl"), *args],
         input=stdin,
@@ -185,22 +185,14 @@ def _kubectl(node: Node, *args: str, stdin: str | None = None, check: bool = Tru
         timeout=180,
         check=False,
     )
-    if check:
-        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
     return done.stdout + done.stderr
 
 
 def olm_objects(address: str, env: list[dict[str, str]]) -> str:
     """config/olm as kustomize builds it, the CatalogSource at ``address`` and the
     Subscription handing the operator ``env``."""
-    out = subprocess.run(
-        [str(REPO / "hack" / "build-tools.sh")], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    built = subprocess.run(
-        [f"{out}/kubectl", "kustomize", str(REPO / "config" / "olm")],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    documents = [d for d in yaml.safe_load_all(built) if d]
+    documents = kustomize(REPO / "config" / "olm")
     for doc in documents:
         if doc["kind"] == "CatalogSource":
             doc["spec"]["address"] = address
