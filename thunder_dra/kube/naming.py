@@ -74,14 +74,6 @@ NODE_LABEL_ADVERTISED_IP: Final = f"{DOMAIN}/advertised-ip"
 
 CDI_KIND: Final = f"{DOMAIN}/gpu"
 
-# Device binding conditions (ThunderCluster spec.operator.enrollBeforeBinding): the
-# operator publishes them on every device, the daemon sets them in the claim's
-# status.devices[].conditions. Qualified, so they do not depend on the driver name.
-CONDITION_ENROLLED: Final = f"{DOMAIN}/Enrolled"
-"""True once the daemon on the node the scheduler chose has enrolled the claim's device."""
-CONDITION_ENROLLMENT_FAILED: Final = f"{DOMAIN}/EnrollmentFailed"
-"""True when Thunder refused that enrollment: the scheduler then clears the allocation."""
-
 SLICE_NAME_PREFIX: Final = "thunder"
 DEVICE_TYPE_MAX: Final = 52
 """Longest model part of a device name: leaves '-' and 10 index digits within 63."""
