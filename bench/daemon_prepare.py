@@ -70,6 +70,9 @@ class Claim:
     namespace: str
     name: str
     uid: str
+    pod: str
+    """The pod in the claim's ``reservedFor`` (a bare pod, never scheduled)."""
+    pod_uid: str
 
 
 @dataclass
@@ -212,7 +215,9 @@ class Environment:
         custom.patch_namespaced_custom_object_status(
             *GROUP_RESOURCE, self.namespace, "resourceclaims", name, status
         )
-        return Claim(self.namespace, name, created["metadata"]["uid"])
+        return Claim(
+            self.namespace, name, created["metadata"]["uid"], pod.metadata.name, pod.metadata.uid
+        )
 
     @property
     def socket(self) -> Path:

@@ -1,0 +1,129 @@
+"""The kubelet-calls benchmark's Go programs (hack/tools/kubeletbench) build from the pinned
+modules and work together on the local control plane: drabench, the kubelet's own DRA
+manager, registers floorplugin from a plugins_registry directory and prepares and
+unprepares pods' claims through it, several in flight, reporting every call, the CPU of the
+processes it was given and the kubelet's gRPC metric for the same calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.kubelet_calls import Floor, build, parse_case
+from hack.cluster import Cluster
+from hack.testbed.kube import Kube
+
+DRIVER = "thundercompute.com"
+CLAIMS = 5
+
+
+@pytest.fixture(scope="module")
+def programs() -> Path:
+    return build()
+
+
+def _reserved_claim(kube: Kube, namespace: str, index: int) -> dict[str, str]:
+    """A claim allocated to the driver and reserved for a bare pod, as the scheduler leaves it."""
+    pod: Any = {
+        "metadata": {"name": f"pod-{index}"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+    created_pod: Any = kube.core.create_namespaced_pod(namespace, pod)
+    claim = kube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": f"claim-{index}", "namespace": namespace},
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}
+            },
+        }
+    )
+    claims = kube.resource("resource.k8s.io/v1", "ResourceClaim")
+    status = {
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": DRIVER, "pool": "p", "device": f"d{index}"}
+                    ]
+                }
+            },
+            "reservedFor": [
+                {"resource": "pods", "name": f"pod-{index}", "uid": created_pod.metadata.uid}
+            ],
+        }
+    }
+    claims.status.patch(
+        body=status,
+        name=f"claim-{index}",
+        namespace=namespace,
+        content_type="application/merge-patch+json",
+    )
+    return {
+        "namespace": namespace,
+        "claim": claim["metadata"]["name"],
+        "pod": f"pod-{index}",
+        "pod_uid": created_pod.metadata.uid,
+    }
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    # Unix socket paths are short: not under pytest's deep tmp_path.
+    with tempfile.TemporaryDirectory(prefix="kb") as path:
+        yield Path(path)
+
+
+def test_drabench_prepares_and_unprepares_through_the_floor_plugin(
+    programs: Path, cluster: Cluster, kube: Kube, workdir: Path
+) -> None:
+    with kube.namespace("kubeletbench") as namespace:
+        pods = [_reserved_claim(kube, namespace, i) for i in range(CLAIMS)]
+        pods_file = workdir / "pods.json"
+        pods_file.write_text(json.dumps(pods))
+        floor = Floor(programs / "floorplugin", workdir / "floor", cluster.kubeconfig, "node-a")
+        try:
+            state = workdir / "kubelet"
+            state.mkdir()
+            command = [
+                str(programs / "drabench"),
+                "--kubeconfig", str(cluster.kubeconfig),
+                "--node", "node-a",
+                "--registry-dir", str(floor.registry),
+                "--state-dir", str(state),
+                "--claims", str(pods_file),
+                "--in-flight", "2",
+                "--cpu", f"plugin={floor.process.pid}",
+                "--cpu", f"kube-apiserver={cluster.pids['kube-apiserver']}",
+            ]  # fmt: skip
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        finally:
+            floor.stop()
+    assert done.returncode == 0, done.stderr[-3000:]
+    raw = json.loads(done.stdout)
+    assert raw["in_flight"] == 2
+    assert len(raw["prepare_s"]) == len(raw["unprepare_s"]) == CLAIMS
+    assert all(0 < s < 30 for s in raw["prepare_s"] + raw["unprepare_s"])
+    # The kubelet's own metric saw exactly the timed calls (the warm-up is outside it).
+    assert raw["grpc"]["NodePrepareResources"]["count"] == CLAIMS
+    assert raw["grpc"]["NodeUnprepareResources"]["count"] == CLAIMS
+    assert set(raw["cpu_ticks"]) == {"plugin", "kube-apiserver", "drabench"}
+    case = parse_case("floor", raw, os.sysconf("SC_CLK_TCK"))
+    assert case.calls == CLAIMS
+    assert case.claims_per_second > 0
+    # Every claim was unprepared: the manager's checkpoint holds no claim.
+    checkpoint = json.loads((state / "dra_manager_state").read_text())
+    assert "claim-" not in json.dumps(checkpoint)
