@@ -99,6 +99,10 @@ cluster-down: $(STAMP) ## Stop the local control plane started by cluster-up
 demo: $(STAMP) tools $(NODE_PREREQS) ## Run the driver end to end (on a real node as root, else simulated nodes) and show it working
 	$(PY) -m hack.demo
 
+.PHONY: bench-kubelet
+bench-kubelet: $(STAMP) tools ## The kubelet's prepare/unprepare calls to the daemon beside a minimal Go plugin's; writes docs/benchmarks.md
+	$(PY) -m bench.kubelet_calls --write-docs
+
 .PHONY: lock
 lock: ## Re-resolve the pinned package versions into constraints.txt
 	rm -rf .lock-venv && python3 -m venv .lock-venv
