@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,18 +86,21 @@ def workdir() -> Iterator[Path]:
 def test_drabench_prepares_and_unprepares_through_the_floor_plugin(
     programs: Path, cluster: Cluster, kube: Kube, workdir: Path
 ) -> None:
+    # drabench, as a kubelet does, deletes its node's ResourceSlices at start: a node name
+    # no other test uses (and no Node object: the manager then only retries in the background).
+    node = f"kubeletbench-{uuid.uuid4().hex[:8]}"
     with kube.namespace("kubeletbench") as namespace:
         pods = [_reserved_claim(kube, namespace, i) for i in range(CLAIMS)]
         pods_file = workdir / "pods.json"
         pods_file.write_text(json.dumps(pods))
-        floor = Floor(programs / "floorplugin", workdir / "floor", cluster.kubeconfig, "node-a")
+        floor = Floor(programs / "floorplugin", workdir / "floor", cluster.kubeconfig, node)
         try:
             state = workdir / "kubelet"
             state.mkdir()
             command = [
                 str(programs / "drabench"),
                 "--kubeconfig", str(cluster.kubeconfig),
-                "--node", "node-a",
+                "--node", node,
                 "--registry-dir", str(floor.registry),
                 "--state-dir", str(state),
                 "--claims", str(pods_file),

@@ -349,7 +349,7 @@ func main() {
 	flag.StringVar(&opts.stateDir, "state-dir", "", "directory for the manager's checkpoint (must exist)")
 	flag.StringVar(&opts.claims, "claims", "", "JSON file of pods and their claims")
 	flag.IntVar(&opts.inFlight, "in-flight", 1, "pods prepared and unprepared at once")
-	flag.IntVar(&opts.warmup, "warmup", 2, "untimed cycles before the timed part (the first also waits for registration)")
+	flag.IntVar(&opts.warmup, "warmup", 2, "untimed cycles before the timed part; at least one is run, as it waits for the registration")
 	flag.Float64Var(&opts.qps, "kube-api-qps", 50, "client rate limit (the kubelet's default kubeAPIQPS)")
 	flag.IntVar(&opts.burst, "kube-api-burst", 100, "client burst (the kubelet's default kubeAPIBurst)")
 	flag.DurationVar(&opts.registerTimeout, "register-timeout", 60*time.Second, "how long to wait for the plugin's registration")
