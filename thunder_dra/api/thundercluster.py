@@ -109,6 +109,21 @@ class InventoryLimitsSpec(ApiModel):
     """Most devices published across all pools."""
 
 
+class EnrollBeforeBindingSpec(ApiModel):
+    """Thunder enrollment made while the scheduler waits to bind a pod, before the kubelet
+    prepares its claim (docs/operator.md#enrollment-before-binding)."""
+
+    enabled: bool = False
+    """Off by default. When on, every published device carries bindsToNode and the
+    binding conditions thundercompute.com/Enrolled and thundercompute.com/EnrollmentFailed:
+    the scheduler binds a pod only once the daemon on the chosen node has enrolled its
+    claim, which can add up to the scheduler's 5 s poll to each pod's start."""
+    cooldown: Annotated[Duration, DurationRange("30s", "1h")] = Duration("2m")
+    """How long a device whose enrollment Thunder refused stays tainted
+    thundercompute.com/enrollment-refused:NoSchedule, so the scheduler's retry picks
+    another device (30s to 1h)."""
+
+
 class OperatorSpec(ApiModel):
     """How inventory is published and how often."""
 
@@ -140,6 +155,8 @@ class OperatorSpec(ApiModel):
     """When a shrinking inventory is trusted; when unbacked devices evict their pods."""
     limits: InventoryLimitsSpec = Field(default_factory=InventoryLimitsSpec)
     """Bounds on vendor-reported numbers."""
+    enroll_before_binding: EnrollBeforeBindingSpec = Field(default_factory=EnrollBeforeBindingSpec)
+    """Whether a claim's Thunder enrollment is made before its pod is bound (off by default)."""
 
     @field_validator("extended_resource_prefix")
     @classmethod

@@ -193,7 +193,9 @@ def _pool_actions(
     # The taints' stored timeAdded, carried into the desired bodies (taints.py); only
     # pools with tainted devices pay for reading their published devices.
     time_added = (
-        time_added_index(d for obj in existing for d in bodies.devices(obj)) if pool.taints else {}
+        time_added_index(d for obj in existing for d in bodies.devices(obj))
+        if pool.taints or pool.refused
+        else {}
     )
     unchanged = len(by_name) == len(pool.slices) and all(
         piece.name in by_name

@@ -14,7 +14,8 @@ Writes within a step run concurrently (bounded). A 409 (the object changed since
 was listed, or appeared meanwhile) is not an error: the pass reports a conflict and the
 next pass, made right away, plans against fresh objects. Every DeviceClass written is
 checked for a silently dropped `extendedResourceName` (DRAExtendedResource off), every
-slice written with device taints for taints dropped (DRADeviceTaints off).
+slice written with device taints for taints dropped (DRADeviceTaints off), and with
+binding conditions for those dropped (DRADeviceBindingConditions off).
 
 What the API server stores for each slice written is kept in the publisher's
 `SliceCache` (`shared.objects`), so the next pass need not list the slices whole. A pool found
@@ -32,6 +33,7 @@ from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from thunder_dra.controllers.inventory.binding import binding_dropped, has_binding_conditions
 from thunder_dra.controllers.inventory.classes import (
     DesiredDeviceClass,
     extended_resource_name_dropped,
@@ -76,6 +78,10 @@ class PublishOutcome:
     """A slice written with device taints was stored without them."""
     taints_kept: bool = False
     """A slice written with device taints was stored with them."""
+    binding_dropped: bool = False
+    """A slice written with binding conditions was stored without them."""
+    binding_kept: bool = False
+    """A slice written with binding conditions was stored with them."""
 
     @property
     def changed(self) -> bool:
@@ -213,6 +219,11 @@ class Publisher:
                     outcome.taints_dropped = True
                 else:
                     outcome.taints_kept = True
+            if has_binding_conditions(action.body):
+                if binding_dropped(action.body, stored):
+                    outcome.binding_dropped = True
+                else:
+                    outcome.binding_kept = True
         elif extended_resource_name_dropped(action.body, stored):
             outcome.extended_resource_dropped = True
 

@@ -5,6 +5,7 @@
                    -> pools kept for allocated devices, suspect shrinks held (guard)
                    -> devices Thunder does not back tainted       (taints)
                       (NoExecute too once older than noExecuteAfter, if set)
+                   -> devices whose enrollment was refused tainted (binding)
                    -> build_device_classes -> plan and apply the writes (publish)
 
 The published slices, classes and the claims' allocations are listed alongside the
@@ -23,7 +24,13 @@ carry the field, else from a server-side dry run, else from reading back the fir
 class written. Once the API server is seen to drop it, classes are planned without it.
 Device taint support is learnt the same way (a listed slice with a taint, else a dry
 run of a tainted slice, else the first tainted slice written back); once dropped, no
-taint is planned.
+taint is planned. Binding conditions (enrollment before binding, when on) are learnt the
+same way; once dropped, devices are published without them.
+
+Refused enrollments come from the ResourceClaim watch (`observe_claim`), between
+passes: the operator's kopf handler asks for a pass at once when one starts a
+cool-down, and a pass's result says when the first cool-down ends (`wake_in`), so its
+taint goes on time.
 """
 
 from __future__ import annotations
@@ -40,6 +47,11 @@ from typing import Any, Final
 from opentelemetry import trace
 
 from thunder_dra.api.thundercluster import InventoryProtectionSpec, PoolStatus, ThunderCluster
+from thunder_dra.controllers.inventory.binding import (
+    Refusals,
+    binding_fields,
+    has_binding_conditions,
+)
 from thunder_dra.controllers.inventory.capacity import PoolCapacity, compute_capacity
 from thunder_dra.controllers.inventory.classes import build_device_classes, selector_expression
 from thunder_dra.controllers.inventory.guard import GuardDecision, PublishedPool, judge
@@ -84,6 +96,7 @@ _tracer = trace.get_tracer(__name__)
 EVENT_NAMES_SHOWN: Final = 20
 PROBE_CLASS_NAME: Final = "thunder-extended-resource-check"
 PROBE_SLICE_NAME: Final = "thunder-device-taint-check"
+PROBE_BINDING_SLICE_NAME: Final = "thunder-device-binding-check"
 
 
 @dataclass(slots=True)
@@ -100,6 +113,8 @@ class InventoryResult:
     suspect: ConditionState | None = None
     """InventorySuspect; None keeps the previous condition (the answer was not judged)."""
     outcome: PublishOutcome | None = field(default=None, repr=False)
+    wake_in: float | None = None
+    """Seconds until a refused enrollment's cool-down ends and its taint must go."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +387,110 @@ class InventoryReconciler:
         self.taints_supported: bool | None = None
         """Whether the API server keeps device taints; learnt once per process."""
         self._taints_report_due = False
+        self.binding_supported: bool | None = None
+        """Whether the API server keeps binding conditions; learnt once per process."""
+        self._binding_report_due = False
+        self.refusals = Refusals()
+        """Devices cooling down after a refused enrollment (binding.py)."""
+
+    def observe_claim(self, claim: Mapping[str, Any], *, deleted: bool = False) -> bool:
+        """A watched ResourceClaim; whether it started a cool-down (a pass is then due)."""
+        return self.refusals.observe(claim, datetime.now(UTC), deleted=deleted)
+
+    async def _learn_binding_support(
+        self, slices: Sequence[Mapping[str, Any]], driver_name: str
+    ) -> None:
+        """Whether the API server keeps bindsToNode and binding conditions, learnt once per
+        process like taint support (`_learn_taint_support`)."""
+        if self.binding_supported is not None:
+            return
+        if any(has_binding_conditions(obj) for obj in slices):
+            self.binding_supported = True
+            return
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": PROBE_BINDING_SLICE_NAME},
+            "spec": {
+                "driver": driver_name,
+                "pool": {
+                    "name": PROBE_BINDING_SLICE_NAME,
+                    "generation": 1,
+                    "resourceSliceCount": 1,
+                },
+                "allNodes": True,
+                "devices": [{"name": "check", **binding_fields()}],
+            },
+        }
+        try:
+            stored = await self._kube.create(RESOURCE_SLICES.collection(), body, dry_run=True)
+        except KubeError as exc:
+            _log.warning("binding conditions probe failed", extra={"error": str(exc)})
+            return
+        if isinstance(stored, Mapping) and has_binding_conditions(stored):
+            self.binding_supported = True
+        else:
+            self.binding_supported = False
+            self._binding_report_due = True
+
+    async def _check_binding_kept(self, outcome: PublishOutcome, ref: ObjectRef) -> None:
+        """Once per process: the API server dropped the binding conditions written
+        (DRADeviceBindingConditions off, as on 1.34 and 1.35). From then on devices are
+        published and compared without them."""
+        if outcome.binding_dropped and self.binding_supported is not False:
+            self.binding_supported = False
+            self._binding_report_due = True
+        elif outcome.binding_kept and self.binding_supported is None:
+            self.binding_supported = True
+        if self._binding_report_due:
+            self._binding_report_due = False
+            message = (
+                "the API server dropped ResourceSlice binding conditions "
+                "(DRADeviceBindingConditions is off); spec.operator.enrollBeforeBinding is "
+                "ignored: devices are published without them, and claims are enrolled when "
+                "the kubelet prepares them"
+            )
+            _log.warning(message, extra={"reason": "DeviceBindingUnsupported"})
+            await self._events.post(ref, "Warning", "DeviceBindingUnsupported", message)
+
+    async def _effective_config(
+        self, config: InventoryConfig, slices: Sequence[Mapping[str, Any]]
+    ) -> InventoryConfig:
+        """`config` as this API server can take it: without binding conditions once they
+        are seen dropped."""
+        if not config.enroll_before_binding:
+            return config
+        await self._learn_binding_support(slices, config.driver_name)
+        if self.binding_supported is False:
+            return replace(config, enroll_before_binding=False)
+        return config
+
+    def _cooling(
+        self,
+        pools: Sequence[DesiredPool],
+        config: InventoryConfig,
+        slices: Sequence[Mapping[str, Any]],
+        now: datetime,
+    ) -> list[DesiredPool]:
+        """`pools` with the devices whose enrollment was refused tainted for the cool-down
+        (none unless enrollment before binding is on and taints are kept)."""
+        if not (config.enroll_before_binding and self._taints):
+            return list(pools)
+        self.refusals.adopt(config.driver_name, slices, now)
+        cooling = self.refusals.active(config.driver_name, config.enrollment_cooldown, now)
+        out = []
+        for pool in pools:
+            refused = cooling.get(pool.name, ())
+            if refused:
+                published = set(pool.devices)
+                refused = tuple((d, v) for d, v in refused if d in published)
+            out.append(replace(pool, refused=refused) if refused or pool.refused else pool)
+        return out
+
+    def _wake_in(self, config: InventoryConfig, now: datetime) -> float | None:
+        if not (config.enroll_before_binding and self._taints):
+            return None
+        return self.refusals.seconds_left(config.driver_name, config.enrollment_cooldown, now)
 
     async def _learn_taint_support(
         self, slices: Sequence[Mapping[str, Any]], driver_name: str
@@ -434,6 +553,7 @@ class InventoryReconciler:
         pools = await asyncio.to_thread(
             outage_layout, config, slices, allocated, taints=self._taints
         )
+        pools = tuple(self._cooling(pools, config, slices, datetime.now(UTC)))
         outcome = await self._publisher.publish(
             pools,
             (),
@@ -443,6 +563,7 @@ class InventoryReconciler:
             inventory_available=False,
         )
         await self._check_taints_kept(outcome, ref)
+        await self._check_binding_kept(outcome, ref)
         return outcome
 
     async def _check_taints_kept(self, outcome: PublishOutcome, ref: ObjectRef) -> None:
@@ -495,6 +616,8 @@ class InventoryReconciler:
             list_claims(self._kube, spec.operator.driver_name),
         )
         await self._learn_taint_support(slices, spec.operator.driver_name)
+        owner = ThunderClusterRef(cluster.metadata.name, cluster.metadata.uid or "")
+        config = await self._effective_config(InventoryConfig.from_spec(spec, owner=owner), slices)
         if not read.available:
             message = (
                 f"Thunder inventory could not be read, every pool is kept"
@@ -505,13 +628,9 @@ class InventoryReconciler:
             )
             await self._events.post(ref, "Warning", "ThunderUnreachable", message)
             self._metrics.thunder_reachable.set(0)
-            owner = ThunderClusterRef(cluster.metadata.name, cluster.metadata.uid or "")
-            outage_config = InventoryConfig.from_spec(spec, owner=owner)
-            outcome = await self._publish_outage(
-                outage_config, slices, claims.allocated_devices(), ref
-            )
+            outcome = await self._publish_outage(config, slices, claims.allocated_devices(), ref)
             del slices
-            await self._notify_waiting(claims, outage_config)
+            await self._notify_waiting(claims, config)
             return InventoryResult(
                 "thunder_unavailable",
                 ConditionState(False, read.error_kind or "ThunderUnreachable", message),
@@ -523,6 +642,7 @@ class InventoryReconciler:
                 writes=outcome.writes,
                 retry_soon=outcome.conflicts > 0,
                 outcome=outcome,
+                wake_in=self._wake_in(config, datetime.now(UTC)),
             )
         self._metrics.thunder_reachable.set(0 if read.unavailable else 1)
         # One event per kind of failure, however many zones: an outage of the hosts
@@ -547,8 +667,6 @@ class InventoryReconciler:
                 f"publishing them at 1x: {_names(names)}; first error: "
                 f"{read.target_failures[0].error}",
             )
-        owner = ThunderClusterRef(cluster.metadata.name, cluster.metadata.uid or "")
-        config = InventoryConfig.from_spec(spec, owner=owner)
         outcome, pools, suspect = await self._publish(
             read,
             config,
@@ -564,6 +682,7 @@ class InventoryReconciler:
         pool_figures = [*pools, *(p for p in previous_pools if p.pool in kept)]
         result = self._result(read, outcome, pool_figures)
         result.suspect = suspect
+        result.wake_in = self._wake_in(config, datetime.now(UTC))
         return result
 
     async def _notify_waiting(self, claims: ClaimIndex, config: InventoryConfig) -> None:
@@ -624,10 +743,11 @@ class InventoryReconciler:
                 "PoolSkipped",
                 f"{_plural(len(names), 'pool')} not published: {_names(names)}: {first.reason}",
             )
-        device_classes = build_device_classes(layout.pools, config)
+        pools = self._cooling(layout.pools, config, slices, datetime.now(UTC))
+        device_classes = build_device_classes(pools, config)
         supported = await self._extended_resource_support(config, classes)
         outcome = await self._publisher.publish(
-            layout.pools,
+            pools,
             device_classes,
             slices,
             classes,
@@ -648,9 +768,10 @@ class InventoryReconciler:
                 "is off); classes are published without it, request GPUs with ResourceClaims",
             )
         await self._check_taints_kept(outcome, ref)
+        await self._check_binding_kept(outcome, ref)
         await self._announce(outcome, ref)
         outcome.kept_pools = sorted({*outcome.kept_pools, *planned.kept})
-        figures = [pool.status() for pool in layout.pools if pool.name not in planned.kept]
+        figures = [pool.status() for pool in pools if pool.name not in planned.kept]
         return outcome, figures, suspect
 
     async def _report_guard(

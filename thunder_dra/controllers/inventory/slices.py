@@ -21,7 +21,10 @@ cannot be carried by any node, so they are skipped and reported.
 Devices carry `thundercompute.com/gpu_type` (Thunder's spelling, omitted if it
 exceeds the 64-character attribute limit), `thundercompute.com/gpu_type_label` (the
 DNS label DeviceClass selectors match, so they never depend on case rules in CEL)
-and `thundercompute.com/zone`.
+and `thundercompute.com/zone`. With enrollment before binding on, every device also
+carries `bindsToNode` and the enrollment binding conditions, and a device whose
+enrollment Thunder refused carries the cool-down taint beside its other taints
+(binding.py).
 
 Device indices are stable: the devices currently published keep their names;
 growing fills the lowest unused indices; shrinking removes the highest indices not
@@ -49,6 +52,7 @@ from typing import Any, Final
 
 from thunder_dra.api import syntax
 from thunder_dra.api.thundercluster import PoolStatus, ThunderClusterSpec
+from thunder_dra.controllers.inventory.binding import binding_fields, refused_taint_body
 from thunder_dra.controllers.inventory.capacity import PoolCapacity, format_target
 from thunder_dra.controllers.inventory.taints import (
     EFFECT_NO_EXECUTE,
@@ -83,6 +87,10 @@ class InventoryConfig:
     max_devices: int | None = None
     no_execute_after: timedelta | None = None
     """How old a device's NoSchedule taint gets before NoExecute is added (None: never)."""
+    enroll_before_binding: bool = False
+    """Devices carry bindsToNode and the enrollment binding conditions (binding.py)."""
+    enrollment_cooldown: timedelta = timedelta(minutes=2)
+    """How long a device whose enrollment Thunder refused stays tainted (binding.py)."""
 
     @classmethod
     def from_spec(
@@ -90,6 +98,7 @@ class InventoryConfig:
     ) -> InventoryConfig:
         limits = spec.operator.limits
         no_execute_after = spec.operator.inventory_protection.no_execute_after
+        binding = spec.operator.enroll_before_binding
         return cls(
             driver_name=spec.operator.driver_name,
             device_class_prefix=spec.operator.device_class_prefix,
@@ -101,6 +110,8 @@ class InventoryConfig:
             max_pools=limits.max_pools,
             max_devices=limits.max_devices,
             no_execute_after=None if no_execute_after is None else no_execute_after.to_timedelta(),
+            enroll_before_binding=binding.enabled,
+            enrollment_cooldown=binding.cooldown.to_timedelta(),
         )
 
 
@@ -132,6 +143,10 @@ class DesiredPool:
     """(device, reason) of the devices tainted as not backed (taints.py)."""
     no_execute: tuple[str, ...] = ()
     """Tainted devices that also carry the taint with effect NoExecute (taints.py)."""
+    binding: bool = False
+    """Devices carry bindsToNode and the enrollment binding conditions (binding.py)."""
+    refused: DeviceTaints = ()
+    """(device, value) of the devices cooling down after a refused enrollment (binding.py)."""
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -164,7 +179,12 @@ class DesiredPool:
         return {naming.ANNOTATION_GPU_TYPE: self.model, naming.ANNOTATION_ZONE: self.zone_name}
 
     def _device(
-        self, name: str, reason: str | None, time_added: TimeAddedIndex, evict: bool = False
+        self,
+        name: str,
+        reason: str | None,
+        time_added: TimeAddedIndex,
+        evict: bool = False,
+        refused: str | None = None,
     ) -> dict[str, Any]:
         attributes: dict[str, Any] = {}
         if len(self.model) <= naming.ATTRIBUTE_STRING_MAX:
@@ -172,10 +192,16 @@ class DesiredPool:
         attributes[naming.ATTRIBUTE_GPU_TYPE_LABEL] = {"string": self.type_label}
         attributes[naming.ATTRIBUTE_ZONE] = {"string": self.zone_name}
         device: dict[str, Any] = {"name": name, "attributes": attributes}
+        if self.binding:
+            device.update(binding_fields())
+        taints = []
         if reason is not None:
-            taints = [taint_body(reason)]
+            taints.append(taint_body(reason))
             if evict:
                 taints.append(taint_body(reason, effect=EFFECT_NO_EXECUTE))
+        if refused is not None:
+            taints.append(refused_taint_body(refused))
+        if taints:
             device["taints"] = [carry_time_added(name, t, time_added) for t in taints]
         return device
 
@@ -195,6 +221,7 @@ class DesiredPool:
 
         `time_added` holds the stored timeAdded of taints already published."""
         reasons = dict(self.taints)
+        refused = dict(self.refused)
         evict = frozenset(self.no_execute)
         index = time_added or {}
         metadata: dict[str, Any] = {
@@ -217,7 +244,7 @@ class DesiredPool:
                 },
                 "nodeSelector": self._node_selector(),
                 "devices": [
-                    self._device(name, reasons.get(name), index, name in evict)
+                    self._device(name, reasons.get(name), index, name in evict, refused.get(name))
                     for name in piece.devices
                 ],
             },
@@ -429,6 +456,7 @@ def _desired_pool(
         owner=config.owner,
         slices=_slices(zone_label, chosen.type_label, devices, config),
         backed=capacity.published,
+        binding=config.enroll_before_binding,
     )
 
 
@@ -580,6 +608,7 @@ def retained_pool(
         node_selector=tuple(sorted(config.daemon_node_selector.items())),
         owner=config.owner,
         slices=_slices(zone_label, type_label, names, config),
+        binding=config.enroll_before_binding,
     )
 
 

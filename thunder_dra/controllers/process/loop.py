@@ -1,9 +1,11 @@
 """The reconcile loops of one ThunderCluster, run by a kopf daemon while this replica leads.
 
 Every `spec.operator.reconcileInterval`, and at once when the ThunderCluster's spec
-changes (its generation) or its `thundercompute.com/reconcile-requested` annotation
-changes, one cycle runs: the daemon DaemonSet, then the inventory pass, then the status.
-A second loop reaps orphaned Clients, waking on Client events and on its own timer.
+changes (its generation), its `thundercompute.com/reconcile-requested` annotation
+changes or a claim's refused enrollment starts a device's cool-down (and again when
+that cool-down ends), one cycle runs: the daemon DaemonSet, then the inventory pass,
+then the status. A second loop reaps orphaned Clients, waking on Client events and on
+its own timer.
 
 The operator cancels them when this replica stops leading (`leader`), and kopf stops
 the daemon when the ThunderCluster goes or the process stops; both loops stop with it.
@@ -61,6 +63,8 @@ REAPER_MAX_INTERVAL: Final = 30.0
 REAPER_MIN_INTERVAL: Final = 0.5
 BACKOFF_BASE: Final = 1.0
 BACKOFF_MAX: Final = 60.0
+COOLDOWN_MARGIN: Final = 0.2
+"""Seconds a pass waits past a cool-down's end, so the pass finds it ended."""
 
 _log = logging.getLogger(__name__)
 _tracer = trace.get_tracer(__name__)
@@ -284,7 +288,12 @@ class ClusterLoop:
         if inventory.pools is not None and inventory.result != "thunder_unavailable":
             self.services.metrics.set_pools(inventory.pools)
         self._log_pass(inventory)
-        return inventory.result, RETRY_DELAY if inventory.retry_soon else interval
+        if inventory.retry_soon:
+            return inventory.result, RETRY_DELAY
+        if inventory.wake_in is not None:
+            # A refused enrollment's cool-down ends: its taint goes on that pass.
+            return inventory.result, min(interval, inventory.wake_in + COOLDOWN_MARGIN)
+        return inventory.result, interval
 
     def _log_pass(self, inventory: InventoryResult) -> None:
         _log.info(

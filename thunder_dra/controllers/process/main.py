@@ -6,8 +6,9 @@ kopf's part:
   reconcile loops of `loop`; it cancels them at once when leadership is lost, and
   kopf stops it when the object is deleted or the process stops;
 - watch-event handlers on ThunderClusters (to start a pass at once on a spec change or
-  a `thundercompute.com/reconcile-requested` annotation) and on Clients (to wake the
-  reaper). Event handlers keep no state on the objects;
+  a `thundercompute.com/reconcile-requested` annotation), on Clients (to wake the
+  reaper) and on ResourceClaims (a refused enrollment starts a device's cool-down, and
+  a pass at once: `inventory.binding`). Event handlers keep no state on the objects;
 - the validating webhook handlers (`thunder_dra.webhooks`), served by every replica;
 - no kopf peering: kopf runs standalone on every replica, so every replica serves the
   webhook and the probes and receives the watch events.
@@ -47,7 +48,12 @@ from thunder_dra.controllers.shared.objects import DEVICE_CLASS_SELECTOR, INVENT
 from thunder_dra.controllers.shared.thunderapi import ThunderClients
 from thunder_dra.kube import bodies
 from thunder_dra.kube.events import EventRecorder
-from thunder_dra.kube.resources import DEVICE_CLASSES, RESOURCE_SLICES, THUNDER_CLUSTERS
+from thunder_dra.kube.resources import (
+    DEVICE_CLASSES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    THUNDER_CLUSTERS,
+)
 from thunder_dra.kube.transport import build_client, load_configuration
 from thunder_dra.process.health import HealthServer
 from thunder_dra.process.logs import SECRETS
@@ -251,6 +257,17 @@ class Operator:
         async def client_event(**_: Any) -> None:
             for loop in self.loops.values():
                 loop.reaper_trigger.set()
+
+        claims = RESOURCE_CLAIMS
+
+        @kopf.on.event(claims.group, claims.version, claims.plural, registry=registry)
+        async def claim_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+            # Every replica remembers refusals (a new leader starts with them); the
+            # leader's loops publish the taint at once.
+            started = self.services.inventory.observe_claim(body, deleted=type == "DELETED")
+            if started:
+                for loop in self.loops.values():
+                    loop.trigger.set()
 
         @kopf.daemon(
             GROUP,

@@ -165,6 +165,9 @@ def daemon_command(spec: ThunderClusterSpec, role: Role = Role.SERVING) -> list[
 
     A consumer daemon gets `--node-role consumer` (it never enrolls the node, whatever its
     labels say) and the local host runner: it has no access to the host's namespaces.
+    Both roles get `--enroll-before-binding` while `spec.operator.enrollBeforeBinding` is
+    on, and only then, so a daemon image of an earlier release, which lacks the flag,
+    keeps starting while the setting stays off.
 
     No duration flag: the daemon's defaults hold. While an upgrade rolls out, this
     operator may run a daemon image of an earlier release, whose durations are bare
@@ -211,6 +214,7 @@ def daemon_command(spec: ThunderClusterSpec, role: Role = Role.SERVING) -> list[
         *(["--node-role", "consumer"] if consumer else []),
         "--log-level",
         daemon.log_level,
+        *(["--enroll-before-binding"] if spec.operator.enroll_before_binding.enabled else []),
         *pins,
     ]
 
