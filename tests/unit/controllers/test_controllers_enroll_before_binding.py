@@ -13,6 +13,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from hack.fake_thunder.service import FakeThunder
@@ -24,6 +26,7 @@ from tests.support.operator_pass import (
     thunder_cluster,
     thunder_seed,
 )
+from tests.unit.controllers.test_controllers_diff import FakeApiServer
 from thunder_dra.api import syntax
 from thunder_dra.api.duration import Duration
 from thunder_dra.api.thundercluster import EnrollBeforeBindingSpec, ThunderClusterSpec
@@ -441,3 +444,60 @@ async def test_a_write_that_loses_its_binding_turns_it_off_when_no_probe_told(
         assert inventory.binding_supported is False
         assert ("Warning", "DeviceBindingUnsupported") in world.events()
         assert (await world.run_pass()).writes_to("resourceslices") == []
+
+
+# -- property: cool-downs coming and going over passes -----------------------------------
+
+
+def layout_of(slices: list[dict[str, Any]]) -> dict[str, list[str]]:
+    return {s["metadata"]["name"]: [d["name"] for d in s["spec"]["devices"]] for s in slices}
+
+
+def stamps(slices: list[dict[str, Any]]) -> dict[tuple[str, str, str], str]:
+    return {
+        (d["name"], t["key"], t["value"]): t["timeAdded"]
+        for s in slices
+        for d in s["spec"]["devices"]
+        for t in d.get("taints") or []
+    }
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    size=st.integers(min_value=1, max_value=150),
+    binding=st.booleans(),
+    passes=st.lists(
+        st.tuples(
+            st.sets(st.integers(min_value=0, max_value=149), max_size=6),
+            st.integers(min_value=0, max_value=150),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_cooldowns_and_unbacked_taints_over_passes_keep_layout_and_time_added(
+    size: int, binding: bool, passes: list[tuple[set[int], int]]
+) -> None:
+    config = InventoryConfig(enroll_before_binding=binding)
+    server = FakeApiServer()
+    base = pool(config, size)
+    server.apply(plan_resource_slices([base], []).actions)
+    first_layout = layout_of(server.list("ResourceSlice"))
+    for refused_indices, backed in passes:
+        names = base.devices
+        refused = tuple((names[i], "MintRefused") for i in sorted(refused_indices) if i < size)
+        unbacked = tuple((name, "HostsOffline") for name in names[backed:])
+        wanted = replace(base, taints=unbacked, refused=refused)
+        before = server.list("ResourceSlice")
+        server.apply(plan_resource_slices([wanted], before).actions)
+        after = server.list("ResourceSlice")
+        assert layout_of(after) == first_layout, "taints never lay the pool out again"
+        kept, now = stamps(before), stamps(after)
+        for key, added in now.items():
+            if key in kept:
+                assert kept[key] == added, f"timeAdded of {key} restamped"
+        assert plan_resource_slices([wanted], after).actions == (), "the same again: no write"
+        for device in (d for s in after for d in s["spec"]["devices"]):
+            assert ("bindingConditions" in device) is binding
+            keys = [t["key"] for t in device.get("taints") or []]
+            assert len(keys) == len(set(keys)), device
