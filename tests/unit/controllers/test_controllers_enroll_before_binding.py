@@ -501,3 +501,13 @@ def test_cooldowns_and_unbacked_taints_over_passes_keep_layout_and_time_added(
             assert ("bindingConditions" in device) is binding
             keys = [t["key"] for t in device.get("taints") or []]
             assert len(keys) == len(set(keys)), device
+
+
+def test_refusals_of_another_driver_are_forgotten_after_the_longest_cooldown() -> None:
+    refusals = Refusals()
+    refusals.observe(claim("u1", "a6000-1", driver="other.example.com"), NOW)
+    assert len(refusals) == 1
+    assert refusals.active(DRIVER, timedelta(seconds=30), NOW + timedelta(minutes=59)) == {}
+    assert len(refusals) == 1
+    refusals.active(DRIVER, timedelta(seconds=30), NOW + timedelta(hours=1))
+    assert len(refusals) == 0

@@ -58,6 +58,8 @@ LABEL_VALUE_MAX: Final = 63
 MAX_REMEMBERED: Final = 10000
 """Most claim devices whose failure condition is remembered (so a repeated watch event of
 the same failure does not restart its cool-down); beyond it the oldest are forgotten."""
+LONGEST_COOLDOWN: Final = timedelta(hours=1)
+"""The longest `cooldown` the ThunderCluster takes."""
 _NOT_VALUE_CHARS: Final = re.compile(r"[^A-Za-z0-9_.-]+")
 
 DeviceKey = tuple[str, str, str]
@@ -189,8 +191,13 @@ class Refusals:
 
     def active(self, driver: str, cooldown: timedelta, now: datetime) -> dict[str, DeviceTaints]:
         """Pool -> (device, value) of `driver`'s devices still cooling down at `now`;
-        the ended cool-downs are forgotten."""
-        for key in [k for k, r in self._refusals.items() if now - r.since >= cooldown]:
+        the ended cool-downs are forgotten (another driver's after the longest one)."""
+        ended = [
+            key
+            for key, refusal in self._refusals.items()
+            if now - refusal.since >= (cooldown if key[0] == driver else LONGEST_COOLDOWN)
+        ]
+        for key in ended:
             del self._refusals[key]
         found: dict[str, list[tuple[str, str]]] = {}
         for (owner, pool, device), refusal in sorted(self._refusals.items()):
