@@ -140,6 +140,7 @@ class Refusals:
         self._refusals: dict[DeviceKey, Refusal] = {}
         self._seen: dict[str, dict[DeviceKey, Failure]] = {}
         """Claim uid -> the failures it showed last, so a repeated event is not new."""
+        self._adopted = False
 
     def __len__(self) -> int:
         return len(self._refusals)
@@ -166,7 +167,13 @@ class Refusals:
 
     def adopt(self, driver: str, slices: Iterable[Mapping[str, Any]], now: datetime) -> None:
         """Refused taints published but not remembered (the operator restarted, or
-        another replica led): cool down from their `timeAdded`."""
+        another replica led): cool down from their `timeAdded`. Done on the first call
+        only: from then on this process writes every such taint itself, and reading
+        every published device each pass would undo the publisher's skipping of
+        unchanged pools."""
+        if self._adopted:
+            return
+        self._adopted = True
         for obj in slices:
             pool = bodies.pool_name(obj)
             if bodies.driver(obj) != driver or not pool:
