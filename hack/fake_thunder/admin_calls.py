@@ -42,8 +42,11 @@ def fault_spec(
     latency_ms: int,
     times: int | None,
     after: bool,
+    zone_id: str | None = None,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {"path": path, "method": method, "latencyMs": latency_ms, "after": after}
+    if zone_id is not None:
+        spec["zoneId"] = zone_id
     if status is not None:
         spec["status"] = status
     if body is not None:

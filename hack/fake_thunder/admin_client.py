@@ -128,8 +128,9 @@ class FakeThunderAdmin:
         latency_ms: int = 0,
         times: int | None = None,
         after: bool = False,
+        zone_id: str | None = None,
     ) -> str:
-        spec = fault_spec(path, method, status, body, headers, latency_ms, times, after)
+        spec = fault_spec(path, method, status, body, headers, latency_ms, times, after, zone_id)
         return self._run(AdminCalls.add_fault(spec))
 
     def faults(self) -> list[dict[str, Any]]:
@@ -275,8 +276,9 @@ class AsyncFakeThunderAdmin:
         latency_ms: int = 0,
         times: int | None = None,
         after: bool = False,
+        zone_id: str | None = None,
     ) -> str:
-        spec = fault_spec(path, method, status, body, headers, latency_ms, times, after)
+        spec = fault_spec(path, method, status, body, headers, latency_ms, times, after, zone_id)
         return await self._run(AdminCalls.add_fault(spec))
 
     async def faults(self) -> list[dict[str, Any]]:

@@ -2,8 +2,9 @@
 
 A rule matches a method (``*`` = any) and a path glob (``fnmatch``; ``*`` also spans ``/``)
 and may set ``status`` (with an optional ``body`` and ``headers``), ``latencyMs``, ``times``
-(1 = one-shot, absent = until cleared) and ``after`` (apply the real effect, then answer
-with the fault: a mint or exchange succeeds but its answer is lost). The first matching rule
+(1 = one-shot, absent = until cleared), ``after`` (apply the real effect, then answer
+with the fault: a mint or exchange succeeds but its answer is lost) and ``zoneId`` (only
+requests whose JSON body names that zone, e.g. mints in one zone). The first matching rule
 wins; a rule whose ``times`` are used up disappears.
 """
 
@@ -29,10 +30,12 @@ class FaultRule:
     latency_ms: int = 0
     times: int | None = None
     after: bool = False
+    zone_id: str | None = None
 
-    def matches(self, method: str, path: str) -> bool:
+    def matches(self, method: str, path: str, zone_id: str | None = None) -> bool:
         method_ok = self.method == "*" or self.method == method.upper()
-        return method_ok and fnmatch.fnmatchcase(path, self.path)
+        zone_ok = self.zone_id is None or self.zone_id == zone_id
+        return method_ok and zone_ok and fnmatch.fnmatchcase(path, self.path)
 
     def response(self) -> FakeResponse:
         assert self.status is not None
@@ -59,6 +62,7 @@ class FaultRule:
             "latencyMs": self.latency_ms,
             "times": self.times,
             "after": self.after,
+            "zoneId": self.zone_id,
         }
 
 
@@ -73,7 +77,17 @@ class FaultBook:
         self._ids = count(1)
 
     def add(self, spec: dict[str, Any]) -> FaultRule:
-        known = {"method", "path", "status", "body", "headers", "latencyMs", "times", "after"}
+        known = {
+            "method",
+            "path",
+            "status",
+            "body",
+            "headers",
+            "latencyMs",
+            "times",
+            "after",
+            "zoneId",
+        }
         unknown = set(spec) - known
         _check(not unknown, f"unknown fault fields: {sorted(unknown)}")
         path = spec.get("path")
@@ -94,6 +108,11 @@ class FaultBook:
         _check(type(after) is bool, "after must be a bool")
         _check(status is not None or latency > 0, "a fault needs a status or a latencyMs")
         _check(not after or status is not None, "after needs a status")
+        zone_id = spec.get("zoneId")
+        _check(
+            zone_id is None or (isinstance(zone_id, str) and bool(zone_id)),
+            "zoneId must be a string",
+        )
         headers = spec.get("headers") or {}
         _check(
             isinstance(headers, dict)
@@ -110,14 +129,16 @@ class FaultBook:
             latency_ms=latency,
             times=times,
             after=after,
+            zone_id=zone_id,
         )
         self._rules.append(rule)
         return rule
 
-    def take(self, method: str, path: str) -> FaultRule | None:
-        """The first matching rule, counting this use against its ``times``."""
+    def take(self, method: str, path: str, zone_id: str | None = None) -> FaultRule | None:
+        """The first matching rule, counting this use against its ``times``; ``zone_id`` is
+        the zone the request's body names, if any."""
         for rule in self._rules:
-            if rule.matches(method, path):
+            if rule.matches(method, path, zone_id):
                 if rule.times is not None:
                     rule.times -= 1
                     if rule.times == 0:

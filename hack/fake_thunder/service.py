@@ -79,7 +79,7 @@ class FakeThunder:
         if request.path.startswith(ADMIN_PREFIX):
             answer = self._admin.dispatch(request)
             return answer or HttpError(404, "NotFound", "no such admin endpoint").response()
-        rule = self.faults.take(request.method, request.path)
+        rule = self.faults.take(request.method, request.path, _body_zone(request))
         if rule is not None and rule.latency_ms:
             await asyncio.sleep(rule.latency_ms / 1000)
         if rule is not None and rule.status is not None and not rule.after:
@@ -149,3 +149,14 @@ class FakeThunder:
         for value in self._secret_values():
             text = text.replace(json.dumps(value)[1:-1], MASK)
         return json.loads(text)
+
+
+def _body_zone(request: FakeRequest) -> str | None:
+    """The ``zoneId`` a request's JSON body names (a mint's zone), for zone-bound faults."""
+    if not request.body.strip().startswith(b"{"):
+        return None
+    try:
+        zone = json.loads(request.body).get("zoneId")
+    except ValueError:
+        return None
+    return zone if isinstance(zone, str) else None

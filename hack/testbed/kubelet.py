@@ -117,6 +117,8 @@ class KubeletStandIn:
         self.stop()
 
     def start(self) -> None:
+        """Start (or, after :meth:`stop`, start again) syncing the registry and pods."""
+        self._stop.clear()
         self.registry_dir.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(
             target=self._run, name=f"kubelet-{self.node_name}", daemon=True

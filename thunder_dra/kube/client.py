@@ -24,7 +24,15 @@ from typing import Any, Final, Protocol
 from urllib.parse import urlencode
 
 from thunder_dra.kube import bodies
-from thunder_dra.kube.errors import Gone, KubeError, NotFound, Timeout, Unavailable, from_answer
+from thunder_dra.kube.errors import (
+    Gone,
+    KubeError,
+    NotFound,
+    Timeout,
+    Unavailable,
+    error_class,
+    from_answer,
+)
 from thunder_dra.kube.resources import (
     CLIENTS,
     EVENTS,
@@ -53,6 +61,8 @@ cannot, which callers reading only metadata do not mind)."""
 DEFAULT_TIMEOUT: Final = 20.0
 """Seconds one call may take, connecting and reading the whole answer included."""
 LIST_PAGE_SIZE: Final = 100
+WATCH_WINDOW: Final = 5
+"""Seconds one :meth:`KubeClient.watch_window` lasts."""
 """Objects per list page: a page of ResourceSlices with 128 devices each stays a few MiB."""
 
 _VERBS: Final = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
@@ -275,6 +285,63 @@ class KubeClient:
                 continue
             return result
         raise AssertionError("unreachable")
+
+    async def list_with_version(self, collection: str) -> tuple[list[JSON], str]:
+        """Every item of a collection and the list's resourceVersion, to watch from."""
+        page = await self.request("GET", collection) or {}
+        items: list[JSON] = page.get("items") or []
+        return items, str(bodies.metadata(page).get("resourceVersion") or "")
+
+    async def watch_window(
+        self, collection: str, *, resource_version: str, seconds: int = WATCH_WINDOW
+    ) -> tuple[list[JSON], str]:
+        """The changes to a collection after ``resource_version``: one watch that the
+        apiserver ends after ``seconds``, read whole. Returns its events (``type``,
+        ``object``; bookmarks left out) and the resourceVersion to watch on from.
+
+        Each window is served from the apiserver's watch cache, so a caller that loops
+        sees every change at most ``seconds`` late for the price of one short request per
+        window. :class:`Gone` means the version is too old: list again.
+        """
+        query = (
+            ("watch", "1"),
+            ("resourceVersion", resource_version),
+            ("timeoutSeconds", str(seconds)),
+            ("allowWatchBookmarks", "true"),
+        )
+        request = Request("GET", collection, query=query, timeout=seconds + self.timeout)
+        response = await self._send(request)
+        if not 200 <= response.status <= 299:
+            raise from_answer("GET", collection, response.status, response.reason, response.body)
+        events: list[JSON] = []
+        version = resource_version
+        for line in response.body.splitlines():
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError as exc:
+                raise KubeError(
+                    "GET", collection, response.status, "InvalidAnswer", f"watch event: {exc}"
+                ) from None
+            kind = event.get("type") if isinstance(event, dict) else None
+            obj = event.get("object") if isinstance(event, dict) else None
+            if not isinstance(obj, dict):
+                continue
+            if kind == "ERROR":
+                code = obj.get("code")
+                status = code if isinstance(code, int) else 500
+                raise error_class(status)(
+                    "GET",
+                    collection,
+                    status,
+                    str(obj.get("reason") or ""),
+                    str(obj.get("message") or ""),
+                )
+            version = str(bodies.metadata(obj).get("resourceVersion") or version)
+            if kind in ("ADDED", "MODIFIED", "DELETED"):
+                events.append(event)
+        return events, version
 
     # -- writes ------------------------------------------------------------------------
 

@@ -101,6 +101,9 @@ class DaemonConfig:
     kube_timeout: float = 20.0  # seconds per Kubernetes request
     installer_sha256: str | None = None
     library_sha256: str | None = None
+    enroll_before_binding: bool = False
+    """Enroll claims allocated to this node while the scheduler waits to bind their pods
+    (``--enroll-before-binding``; :mod:`thunder_dra.plugin.claims.binding`)."""
     node_role: str = "auto"
     """``auto``: the node's serving label decides; ``consumer``: never enroll the node (the
     consumer DaemonSet's pods, which have no access to the host's namespaces)."""
@@ -268,6 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--install-timeout", type=duration_or_seconds, default="15m")
     add("--claim-concurrency", type=int, default=20, help="claims worked on at once (1-256)")
     add("--kube-timeout", type=duration_or_seconds, default="20s", help="per Kubernetes request")
+    add(
+        "--enroll-before-binding",
+        action="store_true",
+        help="enroll claims allocated to this node while the scheduler waits to bind their pods",
+    )
     return parser
 
 
@@ -368,6 +376,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> DaemonCo
         kube_timeout=seconds["--kube-timeout"],
         library_sha256=args.library_sha256,
         node_role=args.node_role,
+        enroll_before_binding=args.enroll_before_binding,
         bare_seconds_flags={
             flag: format_duration(value.value)
             for flag, value in durations.items()

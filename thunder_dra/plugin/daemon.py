@@ -23,6 +23,7 @@ from thunder_dra.kube.client import KubeClient
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.kube.transport import build_client
 from thunder_dra.plugin.claims import lifecycle
+from thunder_dra.plugin.claims.binding import BindingWatcher
 from thunder_dra.plugin.claims.recovery import InstanceJournal
 from thunder_dra.plugin.claims.status import ClaimStatusWriter
 from thunder_dra.plugin.config import DaemonConfig
@@ -157,6 +158,11 @@ class Daemon:
                 claims.recovery.sweep_forever(cfg.intervals.sweep), name="journal-sweep"
             )
         )
+        if cfg.enroll_before_binding:
+            watcher = BindingWatcher(
+                kube, service, claims.checkpoint, driver=cfg.driver_name, node_name=node.name
+            )
+            self._tasks.append(asyncio.create_task(watcher.run(), name="enroll-before-binding"))
         log.info("daemon ready to serve", extra={"instance": cfg.instance_id})
         return server, health, service
 

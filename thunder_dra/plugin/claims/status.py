@@ -10,6 +10,11 @@ For every device of a claim allocated from this driver the daemon keeps one entr
   (secrets masked by the process's scrubber, at most :data:`MAX_MESSAGE` characters);
 - after an unprepare: no entry.
 
+When the allocation asks for them (enrollment before binding, :mod:`thunder_dra.kube.binding`),
+each entry also carries the binding conditions the scheduler waits for: ``Enrolled`` True
+with ``Ready`` True, and ``EnrollmentFailed`` True after a prepare made before binding failed
+(the scheduler then drops the allocation and schedules the pod again).
+
 The kubelet's call never waits for it: the handler hands each outcome to
 :class:`ClaimStatusWriter`, which writes it in the background, the newest outcome of a
 claim replacing one not yet written. Each write reads the claim first and writes only
@@ -37,6 +42,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from thunder_dra.backoff import backoff_delay
 from thunder_dra.kube import errors as kube_errors
+from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED
 from thunder_dra.kube.resources import RESOURCE_CLAIMS
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.plugin.state.checkpoint import ClaimRef, PreparedClaim
@@ -101,6 +107,9 @@ class Outcome:
     reason: str = ""
     message: str = ""
     data: Mapping[str, str] | None = None
+    binding_failed: bool = False
+    """A prepare made while the scheduler waits (before binding) failed: the failure
+    condition is set where the allocation names it."""
 
 
 UNPREPARED: Final = Outcome(ready=None)
@@ -127,13 +136,21 @@ def prepared_outcome(claim: PreparedClaim) -> Outcome:
     )
 
 
-def failed_outcome(message: str, reason: ErrorReason, scrub: Callable[[str], str]) -> Outcome:
+def failed_outcome(
+    message: str,
+    reason: ErrorReason,
+    scrub: Callable[[str], str],
+    *,
+    before_binding: bool = False,
+) -> Outcome:
     """A failed prepare's entries: not Ready, the failed step as reason, the error scrubbed
-    of every secret the process knows and bounded."""
+    of every secret the process knows and bounded; ``before_binding``: the prepare was made
+    while the scheduler waits, which the failure condition tells it."""
     return Outcome(
         ready=False,
         reason=FAILURE_REASONS.get(reason, REASON_PREPARE_FAILED),
         message=bounded(scrub(message)),
+        binding_failed=before_binding,
     )
 
 
@@ -146,19 +163,31 @@ def _key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
     )
 
 
-def allocated_devices(claim: Mapping[str, Any], driver: str) -> list[JSON]:
-    """The claim's devices allocated from ``driver``, as entry keys, once each."""
+def _results(claim: Mapping[str, Any], driver: str) -> list[Mapping[str, Any]]:
     allocation = (claim.get("status") or {}).get("allocation") or {}
     results = (allocation.get("devices") or {}).get("results") or []
+    return [r for r in results if isinstance(r, Mapping) and r.get("driver") == driver]
+
+
+def allocated_devices(claim: Mapping[str, Any], driver: str) -> list[JSON]:
+    """The claim's devices allocated from ``driver``, as entry keys, once each."""
     keys: dict[tuple[str, str, str, str], JSON] = {}
-    for result in results:
-        if result.get("driver") != driver:
-            continue
+    for result in _results(claim, driver):
         entry: JSON = {"driver": driver, "pool": result["pool"], "device": result["device"]}
         if result.get("shareID"):
             entry["shareID"] = result["shareID"]
         keys.setdefault(_key(entry), entry)
     return list(keys.values())
+
+
+def binding_devices(claim: Mapping[str, Any], driver: str) -> set[tuple[str, str, str, str]]:
+    """Keys of the claim's ``driver`` devices whose allocation waits for :data:`ENROLLED`."""
+    keys = set()
+    for result in _results(claim, driver):
+        if ENROLLED in (result.get("bindingConditions") or ()):
+            entry = {"driver": driver, "pool": result.get("pool"), "device": result.get("device")}
+            keys.add(_key({**entry, "shareID": result.get("shareID")}))
+    return keys
 
 
 def current_entries(claim: Mapping[str, Any], driver: str) -> list[JSON]:
@@ -171,13 +200,18 @@ def _timestamp(now: datetime) -> str:
     return now.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _ready_condition(outcome: Outcome, previous: Mapping[str, Any] | None, now: datetime) -> JSON:
-    status = "True" if outcome.ready else "False"
+def _condition(
+    kind: str, true: bool, outcome: Outcome, old: Sequence[Mapping[str, Any]], now: datetime
+) -> JSON:
+    """Condition ``kind`` with the outcome's reason and message; it keeps its
+    ``lastTransitionTime`` while its status stays."""
+    status = "True" if true else "False"
     since = _timestamp(now)
+    previous = next((c for c in old if c.get("type") == kind), None)
     if previous is not None and previous.get("status") == status:
         since = str(previous.get("lastTransitionTime") or since)
     return {
-        "type": CONDITION_READY,
+        "type": kind,
         "status": status,
         "reason": outcome.reason,
         "message": outcome.message,
@@ -185,21 +219,32 @@ def _ready_condition(outcome: Outcome, previous: Mapping[str, Any] | None, now: 
     }
 
 
+def _conditions(
+    outcome: Outcome, binding: bool, old: Sequence[Mapping[str, Any]], now: datetime
+) -> list[JSON]:
+    conditions = [_condition(CONDITION_READY, bool(outcome.ready), outcome, old, now)]
+    if binding and outcome.ready:
+        conditions.append(_condition(ENROLLED, True, outcome, old, now))
+    elif binding and outcome.binding_failed:
+        conditions.append(_condition(ENROLLMENT_FAILED, True, outcome, old, now))
+    return conditions
+
+
 def desired_entries(
     claim: Mapping[str, Any], driver: str, outcome: Outcome, now: datetime
 ) -> list[JSON]:
     """This driver's entries as they should be: one per allocated device (none when
-    unprepared), each a ``Ready`` condition and, when prepared, its ``data``."""
+    unprepared), each a ``Ready`` condition (and the binding conditions its allocation asks
+    for) and, when prepared, its ``data``."""
     if outcome.ready is None:
         return []
     current = {_key(e): e for e in current_entries(claim, driver)}
+    binding = binding_devices(claim, driver)
     entries = []
     for device in allocated_devices(claim, driver):
-        old = current.get(_key(device)) or {}
-        previous = next(
-            (c for c in old.get("conditions") or [] if c.get("type") == CONDITION_READY), None
-        )
-        entry: JSON = {**device, "conditions": [_ready_condition(outcome, previous, now)]}
+        key = _key(device)
+        old = (current.get(key) or {}).get("conditions") or []
+        entry: JSON = {**device, "conditions": _conditions(outcome, key in binding, old, now)}
         if outcome.data:
             entry["data"] = {k: outcome.data[k] for k in DATA_KEYS if k in outcome.data}
         check_entry(entry)
@@ -300,8 +345,12 @@ class ClaimStatusWriter:
     def prepared(self, claim: PreparedClaim) -> None:
         self._submit(claim, prepared_outcome(claim))
 
-    def failed(self, ref: ClaimRef, message: str, reason: ErrorReason) -> None:
-        self._submit(ref, failed_outcome(message, reason, self._scrub))
+    def failed(
+        self, ref: ClaimRef, message: str, reason: ErrorReason, *, before_binding: bool = False
+    ) -> None:
+        self._submit(
+            ref, failed_outcome(message, reason, self._scrub, before_binding=before_binding)
+        )
 
     def unprepared(self, ref: ClaimRef) -> None:
         self._submit(ref, UNPREPARED)

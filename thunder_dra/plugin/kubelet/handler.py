@@ -173,7 +173,24 @@ class ClaimService:
             },
         )
 
-    async def _prepare_one(self, ref: ClaimRef) -> PreparedClaim | str:
+    async def prepare_before_binding(self, ref: ClaimRef) -> PreparedClaim | str:
+        """Prepare one claim while the scheduler waits to bind its pod (enrollment before
+        binding, :mod:`thunder_dra.plugin.claims.binding`): the same work as the kubelet's
+        call, under the same locks; a failure sets the binding failure condition."""
+        with self._tracer.start_as_current_span("thunder_dra.prepare_before_binding"):
+            return await self._shielded(
+                self._under_node_lock(lambda: self._prepare_one(ref, before_binding=True))
+            )
+
+    async def release(self, ref: ClaimRef) -> str:
+        """Unprepare a claim no pod on this node can use any more (its allocation is gone),
+        as the kubelet's unprepare would; an error message, empty on success."""
+        with self._tracer.start_as_current_span("thunder_dra.release_unbound"):
+            return await self._shielded(self._under_node_lock(lambda: self._unprepare_one(ref)))
+
+    async def _prepare_one(
+        self, ref: ClaimRef, *, before_binding: bool = False
+    ) -> PreparedClaim | str:
         fields = {"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name}
         started = time.monotonic()
         with self._tracer.start_as_current_span(
@@ -199,7 +216,7 @@ class ClaimService:
                 async with self._slots.held():
                     await self._warn(ref, message)
                 if self._status is not None:
-                    self._status.failed(ref, message, reason)
+                    self._status.failed(ref, message, reason, before_binding=before_binding)
                 result = error
             else:
                 self._metrics.prepares.labels("success").inc()
