@@ -550,8 +550,10 @@ def _daemon_claim_status(identity: Identity) -> dict[str, Any]:
     ``reservedFor`` (``resourceclaims/binding``); this policy holds the same where that
     gate is off (older or configured control planes), and against any wider grant: an
     update by the daemon must leave ``allocation``, ``reservedFor`` and every entry of
-    another driver exactly as they were. Its token must be bound to its Pod on a node,
-    as for its other writes.
+    another driver exactly as they were. A claim whose allocation names a node (devices
+    with ``bindsToNode``, enrollment before binding) is written only by the daemon of that
+    node, which is what ``associated-node:patch`` alone would allow. Its token must be
+    bound to its Pod on a node, as for its other writes.
     """
     rules = [
         {
@@ -572,6 +574,17 @@ def _daemon_claim_status(identity: Identity) -> dict[str, Any]:
             "name": "oldOtherDevices",
             "expression": f"oldObject.?status.?devices.orValue([]).filter({others})",
         },
+        {
+            # An allocation of devices with bindsToNode names its node in one matchFields
+            # term: what associated-node:patch would check, for the daemon's own node.
+            "name": "otherNode",
+            "expression": (
+                "object.?status.?allocation.?nodeSelector.?nodeSelectorTerms.orValue([])"
+                ".exists(t, t.?matchFields.orValue([]).exists(f,"
+                " f.key == 'metadata.name' && f.operator == 'In'"
+                " && !(variables.node in f.values)))"
+            ),
+        },
     ]
     validations = [
         _node_bound(),
@@ -582,6 +595,14 @@ def _daemon_claim_status(identity: Identity) -> dict[str, Any]:
                 " && object.?status.?reservedFor == oldObject.?status.?reservedFor)"
             ),
             "message": "the daemon may not change a claim's status.allocation or reservedFor",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": "!variables.isDaemon || !variables.otherNode",
+            "message": (
+                "the daemon may write the status of a claim allocated to one node"
+                " (bindsToNode) only from that node"
+            ),
             "reason": "Forbidden",
         },
         {

@@ -41,6 +41,7 @@ from tests.integration.security.test_security_daemon_privileges import (
     install,
     nodes,
 )
+from thunder_dra.kube.errors import KubeError
 from thunder_dra.kube.naming import LABEL_ZONE
 from thunder_dra.kube.transport import build_client
 from thunder_dra.plugin.claims.status import ClaimStatusWriter, ClaimTarget, Outcome
@@ -350,3 +351,38 @@ def test_associated_node_is_not_enough_for_an_allocation_that_names_a_zone(
     assert refusal is not None
     assert "arbitrary-node:patch" in refusal[1]
     assert not [d for d in _devices(kube, by_zone) if d["driver"] == DRIVER]
+
+
+POLICY_NODE = (
+    "the daemon may write the status of a claim allocated to one node (bindsToNode) only"
+    " from that node"
+)
+
+
+def _on_node(node: str) -> dict[str, Any]:
+    field = {"key": "metadata.name", "operator": "In", "values": [node]}
+    return {"nodeSelectorTerms": [{"matchFields": [field]}]}
+
+
+def test_a_claim_allocated_to_one_node_is_written_only_by_that_nodes_daemon(
+    kube: Kube, install: Install, daemons: tuple[DaemonIdentity, DaemonIdentity]
+) -> None:
+    # With enrollment before binding the allocation names the node (bindsToNode): the
+    # shipped arbitrary-node:patch would let any daemon write, the policy does not.
+    first, second = daemons
+
+    def refused() -> tuple[dict[str, Any], KubeError] | None:
+        # A fresh claim each try: a policy not yet in force lets the write through.
+        claim = _allocated_claim(kube, install.workloads, _on_node(second.node))
+        try:
+            _write_as_daemon(first, claim)
+        except KubeError as err:
+            return claim, err
+        return None
+
+    claim, err = wait_for(refused, "the other node's daemon refused", timeout=60)
+    assert err.status == 403
+    assert POLICY_NODE in str(err)
+    assert not [d for d in _devices(kube, claim) if d["driver"] == DRIVER]
+    _write_as_daemon(second, claim)
+    assert [d for d in _devices(kube, claim) if d["driver"] == DRIVER]
