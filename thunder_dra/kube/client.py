@@ -61,9 +61,9 @@ cannot, which callers reading only metadata do not mind)."""
 DEFAULT_TIMEOUT: Final = 20.0
 """Seconds one call may take, connecting and reading the whole answer included."""
 LIST_PAGE_SIZE: Final = 100
+"""Objects per list page: a page of ResourceSlices with 128 devices each stays a few MiB."""
 WATCH_WINDOW: Final = 5
 """Seconds one :meth:`KubeClient.watch_window` lasts."""
-"""Objects per list page: a page of ResourceSlices with 128 devices each stays a few MiB."""
 
 _VERBS: Final = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 

@@ -837,7 +837,8 @@ def _served_claims(draw: st.DrawFn) -> JSON:
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
-    claims=st.lists(_served_claims(), max_size=4),
+    # A listing names each claim once (one UID, one object).
+    claims=st.lists(_served_claims(), max_size=4, unique_by=lambda c: c["metadata"]["uid"]),
     checkpointed=st.lists(_NAMES, max_size=3, unique=True),
 )
 def test_a_listing_enrolls_only_waiting_claims_once_and_releases_only_checkpointed_ones(

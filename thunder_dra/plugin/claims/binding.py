@@ -104,15 +104,15 @@ def waits_for_enrollment(claim: Mapping[str, Any], driver: str) -> bool:
         for r in (results if isinstance(results, list) else [])
         if isinstance(r, Mapping)
         and r.get("driver") == driver
-        and ENROLLED in (r.get("bindingConditions") or ())
+        and ENROLLED in _list(r.get("bindingConditions"))
     ]
     if not asking:
         return False
     devices = status.get("devices")
-    for entry in devices if isinstance(devices, list) else []:
+    for entry in _list(devices):
         if not isinstance(entry, Mapping) or entry.get("driver") != driver:
             continue
-        for condition in entry.get("conditions") or []:
+        for condition in _list(entry.get("conditions")):
             if (
                 isinstance(condition, Mapping)
                 and condition.get("type") in (ENROLLED, ENROLLMENT_FAILED)
@@ -124,6 +124,11 @@ def waits_for_enrollment(claim: Mapping[str, Any], driver: str) -> bool:
 
 def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> Sequence[Any]:
+    """A JSON array (a list, or a tuple built in code); anything else is empty."""
+    return value if isinstance(value, list | tuple) else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,11 +203,8 @@ class BindingWatcher:
             except kube_errors.Gone:
                 return
             for event in events:
-                obj = event.get("object") or {}
-                if event.get("type") == "DELETED":
-                    self._deleted(obj)
-                else:
-                    self._consider(obj)
+                look = self._deleted if event.get("type") == "DELETED" else self._consider
+                self._safely(look, event.get("object") or {})
 
     def reconcile(self, claims: Sequence[Mapping[str, Any]]) -> None:
         """A full listing: enroll what waits; a checkpointed claim the listing lacks is
@@ -212,10 +214,21 @@ class BindingWatcher:
             ref = _ref(claim)
             if ref is not None:
                 listed.add(ref.uid)
-                self._consider(claim)
+                self._safely(self._consider, claim)
         for uid, prepared in self._checkpoint.current.claims.items():
             if uid not in listed:
                 self._start(uid, functools.partial(self._check_unlisted, prepared))
+
+    def _safely(self, look: Callable[[Mapping[str, Any]], None], claim: Mapping[str, Any]) -> None:
+        """One claim's look, kept from stopping the others: a claim the watcher cannot read
+        is logged and skipped."""
+        try:
+            look(claim)
+        except Exception as err:
+            log.error(
+                "a claim could not be read for enrollment before binding; skipped",
+                extra={"claim_uid": str(bodies.metadata(claim).get("uid")), "error": str(err)},
+            )
 
     def _consider(self, claim: Mapping[str, Any]) -> None:
         ref = _ref(claim)
@@ -269,7 +282,7 @@ class BindingWatcher:
             del self._busy[uid]
         later = self._later.pop(uid, None)
         if later is not None:
-            self._consider(later)
+            self._safely(self._consider, later)
 
     async def _check_unlisted(self, ref: ClaimRef) -> None:
         try:

@@ -166,6 +166,8 @@ def _key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
 def _results(claim: Mapping[str, Any], driver: str) -> list[Mapping[str, Any]]:
     allocation = (claim.get("status") or {}).get("allocation") or {}
     results = (allocation.get("devices") or {}).get("results") or []
+    if not isinstance(results, list | tuple):
+        return []
     return [r for r in results if isinstance(r, Mapping) and r.get("driver") == driver]
 
 
@@ -184,7 +186,8 @@ def binding_devices(claim: Mapping[str, Any], driver: str) -> set[tuple[str, str
     """Keys of the claim's ``driver`` devices whose allocation waits for :data:`ENROLLED`."""
     keys = set()
     for result in _results(claim, driver):
-        if ENROLLED in (result.get("bindingConditions") or ()):
+        conditions = result.get("bindingConditions")
+        if isinstance(conditions, list | tuple) and ENROLLED in conditions:
             entry = {"driver": driver, "pool": result.get("pool"), "device": result.get("device")}
             keys.add(_key({**entry, "shareID": result.get("shareID")}))
     return keys
