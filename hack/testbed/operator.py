@@ -485,3 +485,22 @@ def _teardown(env: OperatorEnv) -> None:
         for obj in kube.list_objects(RESOURCE_API, kind, label_selector=selector):
             if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or ()):
                 kube.delete(RESOURCE_API, kind, obj["metadata"]["name"])
+
+
+@contextlib.contextmanager
+def operator_env_on_emulated(
+    version: str,
+    fake: FakeThunderProcess,
+    workdir: Path,
+    *,
+    gates: Mapping[str, bool] | None = None,
+) -> Iterator[OperatorEnv]:
+    """:func:`operator_env` on a control plane of its own that emulates Kubernetes
+    ``version`` (1.34, 1.35) with its stock feature gates, changed by ``gates``."""
+    config = ClusterConfig(emulated_version=version, feature_gates=dict(gates or {}))
+    logs = workdir / "operator"
+    logs.mkdir(parents=True, exist_ok=True)
+    with Cluster(workdir=workdir / f"cp-{version}", config=config) as cluster:
+        kube = Kube(cluster.kubeconfig)
+        with operator_env(kube, cluster, fake, logs) as made:
+            yield made

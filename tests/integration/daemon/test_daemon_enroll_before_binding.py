@@ -23,7 +23,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -108,6 +108,27 @@ def nodes(kube: Kube, fake: FakeThunderProcess, zones: Zones) -> Iterator[dict[s
         for harness in (a, b):
             harness.daemon.start().wait_serving()
         yield {"a": a, "b": b}
+
+
+class World(NamedTuple):
+    """What every test here works with."""
+
+    kube: Kube
+    fake: FakeThunderProcess
+    zones: Zones
+    nodes: dict[str, NodeHarness]
+    namespace: str
+
+
+@pytest.fixture
+def world(
+    kube: Kube,
+    fake: FakeThunderProcess,
+    zones: Zones,
+    nodes: dict[str, NodeHarness],
+    namespace: str,
+) -> World:
+    return World(kube, fake, zones, nodes, namespace)
 
 
 @pytest.fixture(autouse=True)
@@ -215,12 +236,9 @@ def _no_leaks(fake: FakeThunderProcess) -> None:
 
 
 def test_a_pod_is_enrolled_before_it_is_bound_and_the_kubelet_only_checks_files(
-    kube: Kube,
-    fake: FakeThunderProcess,
-    zones: Zones,
-    nodes: dict[str, NodeHarness],
-    namespace: str,
+    world: World,
 ) -> None:
+    kube, fake, zones, nodes, namespace = world
     before = len(fake.admin.writes())
     pod = _pod(kube, namespace, zones)
     obj = _running(kube, namespace, pod)
@@ -249,12 +267,9 @@ def test_a_pod_is_enrolled_before_it_is_bound_and_the_kubelet_only_checks_files(
 
 
 def test_refused_mints_in_zone_a_land_the_pod_in_zone_b_without_reaching_zone_as_kubelet(
-    kube: Kube,
-    fake: FakeThunderProcess,
-    zones: Zones,
-    nodes: dict[str, NodeHarness],
-    namespace: str,
+    world: World,
 ) -> None:
+    kube, fake, zones, nodes, namespace = world
     fake.admin.add_fault(MINT, method="POST", status=403, zone_id=zones.zone_id["a"])
     a_prepared_before = _prepared_claims(nodes["a"])
     pods = [_pod(kube, namespace, zones) for _ in range(3)]
@@ -287,12 +302,9 @@ def test_refused_mints_in_zone_a_land_the_pod_in_zone_b_without_reaching_zone_as
 
 
 def test_with_only_the_refusing_zone_the_pod_stays_pending_with_thunders_error(
-    kube: Kube,
-    fake: FakeThunderProcess,
-    zones: Zones,
-    nodes: dict[str, NodeHarness],
-    namespace: str,
+    world: World,
 ) -> None:
+    kube, fake, zones, nodes, namespace = world
     fake.admin.add_fault(MINT, method="POST", status=403, zone_id=zones.zone_id["a"])
     pod = _pod(kube, namespace, zones, node_selector=_host(nodes["a"]))
 
@@ -309,13 +321,8 @@ def test_with_only_the_refusing_zone_the_pod_stays_pending_with_thunders_error(
     _no_leaks(fake)
 
 
-def test_a_claim_enrolled_for_a_pod_deleted_before_it_starts_is_released(
-    kube: Kube,
-    fake: FakeThunderProcess,
-    zones: Zones,
-    nodes: dict[str, NodeHarness],
-    namespace: str,
-) -> None:
+def test_a_claim_enrolled_for_a_pod_deleted_before_it_starts_is_released(world: World) -> None:
+    kube, fake, zones, nodes, namespace = world
     # The kubelet of node B is stopped: the pod is bound there but never started.
     nodes["b"].kubelet.stop()
     try:
@@ -348,13 +355,8 @@ def test_a_claim_enrolled_for_a_pod_deleted_before_it_starts_is_released(
         nodes["b"].kubelet.start()
 
 
-def test_a_daemon_killed_while_it_enrolls_leaves_nothing_and_the_pod_runs(
-    kube: Kube,
-    fake: FakeThunderProcess,
-    zones: Zones,
-    nodes: dict[str, NodeHarness],
-    namespace: str,
-) -> None:
+def test_a_daemon_killed_while_it_enrolls_leaves_nothing_and_the_pod_runs(world: World) -> None:
+    kube, fake, zones, nodes, namespace = world
     node = nodes["b"]
     # The exchange hangs long enough for the kill to land between mint and exchange.
     fake.admin.add_fault(

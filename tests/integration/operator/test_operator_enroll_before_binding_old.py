@@ -9,33 +9,25 @@ from collections.abc import Iterator
 
 import pytest
 
-from hack.cluster import Cluster, ClusterConfig
 from hack.fake_thunder import FakeThunderProcess
-from hack.testbed.kube import Kube, wait_for
-from hack.testbed.operator import OperatorEnv, operator_env
+from hack.testbed.kube import wait_for
+from hack.testbed.operator import OperatorEnv, operator_env_on_emulated
 
 BINDING_FIELDS = ("bindsToNode", "bindingConditions", "bindingFailureConditions")
 
 
 @pytest.fixture(scope="module", params=["1.34", "1.35"])
-def old_cluster(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
-    version = str(request.param)
-    config = ClusterConfig(emulated_version=version)
-    assert not config.feature_gates.get("DRADeviceBindingConditions"), "off, as stock"
-    with Cluster(workdir=tmp_path_factory.mktemp(f"cp-{version}"), config=config) as made:
-        yield made
-
-
-@pytest.fixture(scope="module")
 def env(
-    old_cluster: Cluster,
+    request: pytest.FixtureRequest,
     fake_thunder: FakeThunderProcess,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorEnv]:
-    kube = Kube(old_cluster.kubeconfig)
-    with operator_env(kube, old_cluster, fake_thunder, tmp_path_factory.mktemp("operator")) as made:
+    version = str(request.param)
+    workdir = tmp_path_factory.mktemp(f"old-{version}")
+    with operator_env_on_emulated(version, fake_thunder, workdir) as made:
+        assert not made.cluster.config.feature_gates.get("DRADeviceBindingConditions"), (
+            "off, as stock"
+        )
         yield made
 
 

@@ -8,27 +8,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from hack.cluster import Cluster, ClusterConfig
 from hack.fake_thunder import FakeThunderProcess
-from hack.testbed.kube import Kube, wait_for
-from hack.testbed.operator import OperatorEnv, operator_env
-
-
-@pytest.fixture(scope="module")
-def old_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    config = ClusterConfig(emulated_version="1.34", feature_gates={"DRAExtendedResource": False})
-    with Cluster(workdir=tmp_path_factory.mktemp("cp-1.34"), config=config) as made:
-        yield made
+from hack.testbed.kube import wait_for
+from hack.testbed.operator import OperatorEnv, operator_env_on_emulated
 
 
 @pytest.fixture(scope="module")
 def env(
-    old_cluster: Cluster,
-    fake_thunder: FakeThunderProcess,
-    tmp_path_factory: pytest.TempPathFactory,
+    fake_thunder: FakeThunderProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorEnv]:
-    kube = Kube(old_cluster.kubeconfig)
-    with operator_env(kube, old_cluster, fake_thunder, tmp_path_factory.mktemp("operator")) as made:
+    workdir = tmp_path_factory.mktemp("old")
+    gates = {"DRAExtendedResource": False}
+    with operator_env_on_emulated("1.34", fake_thunder, workdir, gates=gates) as made:
         yield made
 
 
