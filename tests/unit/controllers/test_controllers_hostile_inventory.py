@@ -44,7 +44,7 @@ from thunder_dra.controllers.inventory.capacity import (
 )
 from thunder_dra.controllers.inventory.classes import build_device_classes
 from thunder_dra.controllers.inventory.guard import GuardDecision, PublishedPool, judge
-from thunder_dra.controllers.inventory.reconciler import plan_layout
+from thunder_dra.controllers.inventory.layout import plan_layout
 from thunder_dra.controllers.inventory.slices import (
     InventoryConfig,
     build_pools,

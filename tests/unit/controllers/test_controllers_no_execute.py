@@ -22,7 +22,7 @@ from tests.unit.controllers.test_controllers_taints import CONFIG, PROTECTION, a
 from thunder_dra.api.thundercluster import InventoryProtectionSpec, ThunderClusterSpec
 from thunder_dra.controllers.inventory.capacity import ZoneInventory
 from thunder_dra.controllers.inventory.classes import build_device_classes
-from thunder_dra.controllers.inventory.reconciler import outage_layout, plan_layout
+from thunder_dra.controllers.inventory.layout import outage_layout, plan_layout
 from thunder_dra.controllers.inventory.slices import InventoryConfig
 from thunder_dra.controllers.inventory.taints import (
     TAINT_KEY,

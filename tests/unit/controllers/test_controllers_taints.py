@@ -35,7 +35,7 @@ from thunder_dra.controllers.inventory.capacity import (
     ZoneInventory,
 )
 from thunder_dra.controllers.inventory.classes import build_device_classes
-from thunder_dra.controllers.inventory.reconciler import outage_layout, plan_layout
+from thunder_dra.controllers.inventory.layout import outage_layout, plan_layout
 from thunder_dra.controllers.inventory.slices import InventoryConfig
 from thunder_dra.controllers.inventory.taints import (
     TAINT_KEY,
