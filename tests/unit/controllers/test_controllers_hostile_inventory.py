@@ -606,3 +606,28 @@ def test_huge_host_counts_parse_and_are_bounded_downstream(count: int) -> None:
         max_gpus_per_host=64,
     )
     assert capacity.physical == 64
+
+
+def test_the_pools_of_an_unreadable_zone_count_against_the_limits() -> None:
+    # Found by the property test above: the pools kept as published for a zone that could
+    # not be read were left out of maxPools and maxDevices, so a readable zone's new
+    # models were published past both.
+    def zone(zone_id: str, name: str, *models: str) -> ZoneInventory:
+        hosts = tuple(HostInventory(model, 8) for model in models)
+        return ZoneInventory(zone_id, name, hosts, (), OversubscriptionTargets(per_model={}))
+
+    cluster = Cluster()
+    first = [zone("z-1", "east", "A6000", "H100", "L4"), zone("z-2", "west", "A6000", "H100")]
+    cluster.run(first, {})
+    assert len(cluster.published()) == 5
+    grown = [first[0], zone("z-2", "west", "A6000", "H100", "L4", "A100", "T4", "V100")]
+    cluster.run(grown, {}, unreadable={"east"})
+    published = cluster.published()
+    assert {p for p in published if p.startswith("east/")} == {
+        "east/a6000",
+        "east/h100",
+        "east/l4",
+    }, "the unreadable zone's pools are kept"
+    assert len(published) <= CONFIG.max_pools  # type: ignore[operator]
+    assert sum(len(d) for d in published.values()) <= CONFIG.max_devices  # type: ignore[operator]
+    check_published(cluster, {})

@@ -263,10 +263,15 @@ def plan_layout(
         streaks=streaks,
     )
     held = decision.held_names
-    if held and (config.max_devices is not None or config.max_pools is not None):
-        # Held pools stay as published and count against the limits: the others share
-        # what is left (the held set stays as judged, so a repeated answer is stable).
-        rebuilt = _rebuilt_around_held(capacities, config, current, allocated, held, listed)
+    # Pools kept as published whatever the answer: the held ones, and those of zones that
+    # could not be read.
+    fixed = held | {
+        name for name, sample in samples.items() if bodies.slice_zone(sample) in unreadable
+    }
+    if fixed and (config.max_devices is not None or config.max_pools is not None):
+        # Pools kept as published count against the limits: the others share what is
+        # left (the held set stays as judged, so a repeated answer is stable).
+        rebuilt = _rebuilt_around_held(capacities, config, current, allocated, fixed, listed)
         names = {pool.name for pool in rebuilt.pools}
         pools = [
             *rebuilt.pools,
