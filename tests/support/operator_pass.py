@@ -306,10 +306,11 @@ class OperatorWorld:
 
 @contextlib.asynccontextmanager
 async def operator_world(
-    zones: Zones, spec: Mapping[str, Any] | None = None
+    zones: Zones, spec: Mapping[str, Any] | None = None, *, apiserver: FakeKube | None = None
 ) -> AsyncIterator[OperatorWorld]:
-    """A ThunderCluster with `spec`, its token's Secret, and Thunder reporting `zones`."""
-    apiserver = FakeKube()
+    """A ThunderCluster with `spec`, its token's Secret, and Thunder reporting `zones`;
+    `apiserver` is a fake API server of the test's own (one that drops fields, say)."""
+    apiserver = apiserver if apiserver is not None else FakeKube()
     apiserver.put(THUNDER_CLUSTERS.collection(), thunder_cluster(spec))
     token = base64.b64encode(API_TOKEN.encode()).decode()
     apiserver.put(

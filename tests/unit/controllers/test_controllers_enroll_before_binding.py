@@ -5,7 +5,6 @@ the daemon's flag, the setting's bounds, and an API server that drops the fields
 
 from __future__ import annotations
 
-import base64
 import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
@@ -17,14 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from hack.fake_thunder.service import FakeThunder
 from tests.support.fakekube import Address, FakeKube
 from tests.support.operator_pass import (
-    API_TOKEN,
-    NAMESPACE,
     OperatorWorld,
-    thunder_cluster,
-    thunder_seed,
+    operator_world,
 )
 from tests.unit.controllers.test_controllers_diff import FakeApiServer
 from thunder_dra.api import syntax
@@ -47,13 +42,9 @@ from thunder_dra.controllers.inventory.capacity import (
 from thunder_dra.controllers.inventory.plan import plan_resource_slices
 from thunder_dra.controllers.inventory.slices import DesiredPool, InventoryConfig, build_pools
 from thunder_dra.controllers.inventory.taints import TAINT_KEY
-from thunder_dra.controllers.process.options import parse_options
 from thunder_dra.controllers.shared.ownership import ThunderClusterRef
-from thunder_dra.controllers.shared.thunderapi import TOKEN_KEY
 from thunder_dra.controllers.workload.daemonset import Role, daemon_command
 from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED
-from thunder_dra.kube.client import KubeClient
-from thunder_dra.kube.resources import SECRETS, THUNDER_CLUSTERS
 from thunder_dra.webhooks.validation import validate_thundercluster
 
 pytestmark = pytest.mark.unit
@@ -348,23 +339,8 @@ async def world_with(
 ) -> AsyncIterator[OperatorWorld]:
     apiserver = StampingKube()
     apiserver.drop_binding = drop_binding
-    apiserver.put(THUNDER_CLUSTERS.collection(), thunder_cluster(spec))
-    token = base64.b64encode(API_TOKEN.encode()).decode()
-    apiserver.put(
-        SECRETS.collection(NAMESPACE),
-        {"metadata": {"name": "thunder-api"}, "data": {TOKEN_KEY: token}},
-    )
-    world = OperatorWorld(
-        apiserver=apiserver,
-        thunder=FakeThunder(api_tokens=[API_TOKEN], seed=thunder_seed(zones)),
-        kube=KubeClient(apiserver),
-        options=parse_options([], environ={"THUNDER_NAMESPACE": NAMESPACE}),
-    )
-    try:
+    async with operator_world(zones, spec, apiserver=apiserver) as world:
         yield world
-    finally:
-        await world.operator.aclose()
-        await world.kube.close()
 
 
 def refused_taints(world: OperatorWorld) -> dict[str, str]:

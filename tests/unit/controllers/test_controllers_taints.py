@@ -8,22 +8,16 @@ an API server that drops taints (DRADeviceTaints off) is reported once and not f
 
 from __future__ import annotations
 
-import base64
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import pytest
 
-from hack.fake_thunder.service import FakeThunder
 from tests.support.fakekube import Address, FakeKube
 from tests.support.operator_pass import (
-    API_TOKEN,
-    NAMESPACE,
     OperatorWorld,
     operator_world,
-    thunder_cluster,
-    thunder_seed,
 )
 from tests.support.plans import plan_pass
 from tests.unit.controllers.test_controllers_diff import FakeApiServer
@@ -46,11 +40,7 @@ from thunder_dra.controllers.inventory.taints import (
     time_added_index,
 )
 from thunder_dra.controllers.inventory.thunder import ThunderInventory, ZoneFailure
-from thunder_dra.controllers.process.options import parse_options
 from thunder_dra.controllers.shared.ownership import ThunderClusterRef
-from thunder_dra.controllers.shared.thunderapi import TOKEN_KEY
-from thunder_dra.kube.client import KubeClient
-from thunder_dra.kube.resources import SECRETS, THUNDER_CLUSTERS
 
 pytestmark = pytest.mark.unit
 
@@ -248,27 +238,9 @@ class TaintlessKube(FakeKube):
 
 @contextlib.asynccontextmanager
 async def taintless_world(zones: Mapping[str, Mapping[str, int]]) -> AsyncIterator[OperatorWorld]:
-    apiserver = TaintlessKube()
-    apiserver.put(
-        THUNDER_CLUSTERS.collection(),
-        thunder_cluster({"operator": {"inventoryProtection": {"confirmPasses": 6}}}),
-    )
-    token = base64.b64encode(API_TOKEN.encode()).decode()
-    apiserver.put(
-        SECRETS.collection(NAMESPACE),
-        {"metadata": {"name": "thunder-api"}, "data": {TOKEN_KEY: token}},
-    )
-    world = OperatorWorld(
-        apiserver=apiserver,
-        thunder=FakeThunder(api_tokens=[API_TOKEN], seed=thunder_seed(zones)),
-        kube=KubeClient(apiserver),
-        options=parse_options([], environ={"THUNDER_NAMESPACE": NAMESPACE}),
-    )
-    try:
+    spec = {"operator": {"inventoryProtection": {"confirmPasses": 6}}}
+    async with operator_world(zones, spec, apiserver=TaintlessKube()) as world:
         yield world
-    finally:
-        await world.operator.aclose()
-        await world.kube.close()
 
 
 async def test_a_server_that_drops_taints_is_reported_once_and_not_fought() -> None:
