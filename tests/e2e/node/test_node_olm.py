@@ -18,9 +18,10 @@ In order:
   reading its files;
 - the CatalogSource then points at a catalog of both releases, this one replacing the
   last: OLM upgrades the operator on its own (``installPlanApproval: Automatic``), the
-  new CSV Succeeds and the old one is gone; the ThunderCluster then names this
-  release's daemon image, as docs/upgrading.md says; the held pod kept running and
-  reading its files, and no prepare failed;
+  new CSV Succeeds and the old one is gone, and once OLM has issued the new CSV its own
+  webhook certificate the Deployment has rolled out with it; the ThunderCluster then
+  names this release's daemon image, as docs/upgrading.md says; the held pod kept
+  running and reading its files, and no prepare failed;
 - the operator serves its webhook with the certificate OLM made (the apiserver calls it
   and it refuses a bad ThunderCluster) and has applied the admission policies itself;
 - a new pod with a claim runs with the injected files; no enrollment leaked;
@@ -30,9 +31,13 @@ In order:
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import re
+import socket
+import ssl
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +46,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 
 from hack import image as image_builder
 from hack import olm as olm_tools
@@ -72,6 +78,7 @@ from thunder_dra.controllers.process.policies import operator_identity, rendered
 
 SUBSCRIPTION = "thunder-device-plugin"
 CATALOG_SOURCE = "thunder-device-plugin"
+WEBHOOK_SECRET = "thunder-operator-service-cert"  # OLM's: <Deployment>-service-cert
 HELD_POD = "held-through-olm-upgrade"
 DRIVER_LABEL = "app.kubernetes.io/name=thunder-dra-driver"
 CRDS = ("clients.thundercompute.com", "thunderclusters.thundercompute.com")
@@ -87,6 +94,20 @@ while true; do
   sleep 1
 done
 """
+
+
+def _ca_hash(metadata: dict[str, Any]) -> str | None:
+    """The ``olmcahash`` annotation OLM puts on its Secret and the pods it rolls out: the
+    SHA-256 of the CA it issued, in hex."""
+    found = (metadata.get("annotations") or {}).get("olmcahash")
+    return str(found) if found else None
+
+
+def _pem_certs(pem: bytes) -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(pem) if pem.strip() else []
+    except ValueError:
+        return []
 
 
 @dataclass
@@ -152,6 +173,91 @@ class OlmInstall:
                 f"olm: {supervise.log_tail(self.olm.log('olm'), 20)}\n"
                 f"catalog: {supervise.log_tail(self.olm.log('catalog'), 20)}"
             ) from err
+
+    def webhook_certificate_settled(self, release: release_catalog.Release) -> bool:
+        """Whether the release's CSV has its own webhook certificate everywhere: the Secret
+        belongs to the CSV, the CSV's webhook configurations carry the Secret's CA, and the
+        Deployment has rolled out pods of that CA (docs/upgrading.md: OLM issues a new
+        certificate once the replaced CSV and the Secret it owned are gone)."""
+        secret = self.install.get("secret", "-n", NAMESPACE, WEBHOOK_SECRET) or {}
+        metadata = secret.get("metadata") or {}
+        owners = [o.get("name") for o in metadata.get("ownerReferences") or []]
+        ca_hash = _ca_hash(metadata)
+        if release.csv_name not in owners or not ca_hash:
+            return False
+        configs = self.install.get(
+            "validatingwebhookconfigurations", "-l", f"olm.owner={release.csv_name}"
+        ) or {"items": []}
+        bundles = [
+            base64.b64decode(hook.get("clientConfig", {}).get("caBundle") or "")
+            for config in configs["items"]
+            for hook in config.get("webhooks") or []
+        ]
+        if not bundles or any(hashlib.sha256(b).hexdigest() != ca_hash for b in bundles):
+            return False
+        deployment = self.install.get("deployment", "-n", NAMESPACE, "thunder-operator") or {}
+        template = ((deployment.get("spec") or {}).get("template") or {}).get("metadata") or {}
+        if _ca_hash(template) != ca_hash:
+            return False
+        return self.rolled_out(release.operator_image)
+
+    def webhook_trust(self) -> str:
+        """What the apiserver trusts for the webhook beside what the operator's pods serve:
+        the webhook configurations' CAs, OLM's Secret, the Deployment's and pods' CA hashes
+        and each pod's served certificate, for a certificate error to be read."""
+        lines = []
+        configs = self.install.get("validatingwebhookconfigurations") or {"items": []}
+        for config in configs["items"]:
+            for hook in config.get("webhooks") or []:
+                bundle = base64.b64decode(hook.get("clientConfig", {}).get("caBundle") or "")
+                issuers = [c.issuer.rfc4514_string() for c in _pem_certs(bundle)]
+                lines.append(f"webhook configuration {config['metadata']['name']} "
+                             f"{hook['name']}: CA {issuers}")  # fmt: skip
+        secrets = self.install.get("secret", "-n", NAMESPACE) or {"items": []}
+        for secret in secrets["items"]:
+            data = secret.get("data") or {}
+            if "tls.crt" not in data:
+                continue
+            served = _pem_certs(base64.b64decode(data["tls.crt"]))
+            ca = _pem_certs(base64.b64decode(data.get("olmCAKey", "")))
+            lines.append(
+                f"secret {secret['metadata']['name']}: cert issuer "
+                f"{[c.issuer.rfc4514_string() for c in served]}, olmCAKey "
+                f"{[c.subject.rfc4514_string() for c in ca]}, annotations "
+                f"{secret['metadata'].get('annotations')}, owners "
+                f"{[o['name'] for o in secret['metadata'].get('ownerReferences') or []]}"
+            )
+        deployment = self.install.get("deployment", "-n", NAMESPACE, "thunder-operator") or {}
+        template = ((deployment.get("spec") or {}).get("template") or {}).get("metadata") or {}
+        lines.append(
+            f"deployment template olmcahash {_ca_hash(template)}, status {deployment.get('status')}"
+        )
+        for pod in self.install.operator_pods():
+            ip = (pod.get("status") or {}).get("podIP")
+            issuer = "?"
+            if ip:
+                context = ssl.create_default_context()
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+                try:
+                    with (
+                        socket.create_connection((ip, 9443), timeout=5) as raw,
+                        context.wrap_socket(raw) as tls,
+                    ):
+                        der = tls.getpeercert(binary_form=True) or b""
+                    issuer = x509.load_der_x509_certificate(der).issuer.rfc4514_string()
+                except (OSError, ValueError) as err:
+                    issuer = f"unreachable: {err}"
+            lines.append(
+                f"pod {pod['metadata']['name']} ip {ip} deleting "
+                f"{bool(pod['metadata'].get('deletionTimestamp'))} olmcahash "
+                f"{_ca_hash(pod['metadata'])} serves cert of {issuer}"
+            )
+        endpoints = self.install.get("endpointslices", "-n", NAMESPACE) or {"items": []}
+        for eps in endpoints["items"]:
+            found = [(e.get("addresses"), e.get("conditions")) for e in eps.get("endpoints") or []]
+            lines.append(f"endpointslice {eps['metadata']['name']}: {found}")
+        return "\n".join(lines)
 
 
 def commit_stamp(commit: str) -> str:
@@ -394,9 +500,14 @@ def test_olm_upgrades_to_this_release_while_the_claim_is_held(olm_install: OlmIn
              "the last release's CSV removed")  # fmt: skip
         sub = install.get("subscription", "-n", NAMESPACE, SUBSCRIPTION)
         assert sub["status"]["installedCSV"] == olm_install.current.csv_name
-    # OLM gives the new CSV a new webhook certificate and CA, and the webhook
-    # configuration the new CA at once: until the Deployment has rolled out, a pod still
+    # OLM issues the new CSV a certificate of its own once the old CSV, and the Secret it
+    # owned, are gone, and rolls the Deployment a second time: until then a pod still
     # serving the old certificate can refuse the apiserver (docs/upgrading.md).
+    try:
+        wait(lambda: olm_install.webhook_certificate_settled(olm_install.current),
+             "the new CSV's own webhook certificate rolled out", timeout=300)  # fmt: skip
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{olm_install.webhook_trust()}") from err
     node.kubectl("rollout", "status", "-n", NAMESPACE, "deployment/thunder-operator",
                  "--timeout=300s", timeout=320)  # fmt: skip
     deployment = install.get("deployment", "-n", NAMESPACE, "thunder-operator")
@@ -408,7 +519,10 @@ def test_olm_upgrades_to_this_release_while_the_claim_is_held(olm_install: OlmIn
     # As docs/upgrading.md says: the ThunderCluster names the new daemon image.
     repository, tag = olm_install.current.daemon_image.rsplit(":", 1)
     daemon = {"spec": {"daemon": {"image": {"repository": repository, "tag": tag}}}}
-    node.kubectl("patch", "thundercluster", "thunder", "--type=merge", "-p", json.dumps(daemon))
+    try:
+        node.kubectl("patch", "thundercluster", "thunder", "--type=merge", "-p", json.dumps(daemon))
+    except launcher.NodeError as err:
+        raise AssertionError(f"{err}\n{olm_install.webhook_trust()}") from err
 
     def new_daemon_ready() -> dict[str, Any] | None:
         pod = install.ready_daemon_pod()
@@ -445,7 +559,9 @@ def test_the_webhook_serves_olms_certificate_and_answers_the_apiserver(
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode != 0
-    assert 'admission webhook "thunderclusters.thundercompute.com' in done.stderr, done.stderr
+    assert 'admission webhook "thunderclusters.thundercompute.com' in done.stderr, (
+        f"{done.stderr}\n{olm_install.webhook_trust()}"
+    )
     assert "spec.daemon.nodeSelector" in done.stderr
 
 
