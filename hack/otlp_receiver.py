@@ -333,19 +333,25 @@ class OtlpReceiver:
             return list(self._spans)
 
 
-def tree(spans: Sequence[ReceivedSpan]) -> list[str]:
+def tree(spans: Sequence[ReceivedSpan], *, timed: bool = False) -> list[str]:
     """The spans of one trace as an indented parent/child outline, children by start time;
-    a span whose parent is not among ``spans`` is shown at the top."""
+    a span whose parent is not among ``spans`` is shown at the top. ``timed`` adds each
+    span's start (from the trace's first) and duration, in milliseconds."""
     ids = {s.span_id for s in spans}
     children: dict[str | None, list[ReceivedSpan]] = {}
     for span in spans:
         parent = span.parent_id if span.parent_id in ids else None
         children.setdefault(parent, []).append(span)
     lines: list[str] = []
+    first = min((s.start_ns for s in spans), default=0)
 
     def walk(parent: str | None, depth: int) -> None:
         for span in sorted(children.get(parent, []), key=lambda s: (s.start_ns, s.name)):
-            lines.append(f"{'  ' * depth}{span.name} [{span.kind}]")
+            when = ""
+            if timed:
+                start, took = (span.start_ns - first) / 1e6, (span.end_ns - span.start_ns) / 1e6
+                when = f" at {start:.1f} ms, {took:.1f} ms"
+            lines.append(f"{'  ' * depth}{span.name} [{span.kind}]{when}")
             walk(span.span_id, depth + 1)
 
     walk(None, 0)

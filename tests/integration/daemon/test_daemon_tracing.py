@@ -101,7 +101,7 @@ def test_one_prepare_is_one_trace_and_no_span_carries_a_credential(
         timeout=60,
     )
     trace = _call_trace(spans, "NodePrepareResources", claim.uid)
-    print("\none prepare:\n" + "\n".join(tree(trace)))
+    print("\none prepare:\n" + "\n".join(tree(trace, timed=True)))
 
     assert {s.transport for s in spans} == {"http"}
     assert {s.service_name for s in spans} == {SERVICE}
@@ -161,7 +161,7 @@ def test_one_prepare_is_one_trace_and_no_span_carries_a_credential(
         timeout=60,
     )
     undone = _call_trace(spans, "NodeUnprepareResources", claim.uid)
-    print("one unprepare:\n" + "\n".join(tree(undone)))
+    print("one unprepare:\n" + "\n".join(tree(undone, timed=True)))
     [call] = [s for s in undone if s.parent_id is None]
     unprepare = _one(undone, "thunder_dra.unprepare")
     assert unprepare.parent_id == call.span_id

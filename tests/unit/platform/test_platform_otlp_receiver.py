@@ -76,6 +76,16 @@ def _check(spans: list[ReceivedSpan], ids: tuple[str, str, str], service: str) -
         "DRAPlugin/NodePrepareResources [SERVER]",
         "  POST /api/v1/enrollment-tokens [CLIENT]",
     ]
+    timed = tree(spans, timed=True)
+    offset = (child.start_ns - parent.start_ns) / 1e6
+    assert timed[0] == (
+        f"DRAPlugin/NodePrepareResources [SERVER] at 0.0 ms, "
+        f"{(parent.end_ns - parent.start_ns) / 1e6:.1f} ms"
+    )
+    assert timed[1] == (
+        f"  POST /api/v1/enrollment-tokens [CLIENT] at {offset:.1f} ms, "
+        f"{(child.end_ns - child.start_ns) / 1e6:.1f} ms"
+    )
     assert "too many requests" in set(child.texts())
     assert "reason" in set(child.texts())
 
