@@ -1,12 +1,22 @@
 """Unpreparing one claim: revoke, then remove everything prepare made; missing is not an error.
 
 The checkpoint entry is first marked ``unpreparing`` (so a prepare that races a crashed
-unprepare knows the files and the enrollment are no longer to be trusted), then:
-unenroll the token and decommission the client (thunder-api.md 2.7, 2.8), delete the CDI
-spec, the claim's directory, a VM's Secret and the ``Client`` record, and drop the entry
-last.
+unprepare knows the files and the enrollment are no longer to be trusted), then, in three
+stages whose steps are independent and run at once:
+
+1. unenroll the token and decommission the client (thunder-api.md 2.7, 2.8);
+2. delete the CDI spec, the claim's directory and a VM's Secret;
+3. delete the ``Client`` record, the last trace of the claim outside the checkpoint (a
+   lost checkpoint is rebuilt from the records), and drop the entry last.
+
+A stage starts only when the one before it completed; a failed step fails the claim
+after its stage's other steps ran, and leaves the entry marked for the retry.
 Every step is idempotent, so a crash anywhere is finished by the kubelet's next call or
 by the daemon's start-up.
+
+The whole of it stays inside the kubelet's call, so the answer keeps its meaning: an
+unprepare that answers success has revoked the enrollment and removed every file and
+record, and one that fails says which step failed.
 
 A claim this daemon has no checkpoint entry for (a previous instance's state was lost,
 say) is still cleaned when a ``Client`` record on this node names it.
@@ -20,9 +30,10 @@ from thunder_dra.api import ConsumerKind
 from thunder_dra.plugin.claims.records import Records
 from thunder_dra.plugin.claims.rollback import Undo
 from thunder_dra.plugin.errors import ClaimError
+from thunder_dra.plugin.files.clientconfig import remove_claim_dir
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.plugin.state.checkpoint import CheckpointStore, ClaimRef, ClaimState, PreparedClaim
-from thunder_dra.plugin.state.crashpoints import CrashPoints
+from thunder_dra.plugin.state.crashpoints import CrashPoints, Step
 from thunder_dra.thunder import ThunderError
 
 log = logging.getLogger(__name__)
@@ -58,23 +69,27 @@ class Unpreparer:
             await self._checkpoint.put(prepared)
             self._crash.reached("unprepare:marked")
         try:
-            if prepared.enrollment_token_id:
-                await self._undo.thunder.unenroll(prepared.enrollment_token_id)
-            self._crash.reached("unprepare:token-revoked")
-            if prepared.client_id:
-                await self._undo.thunder.revoke_client(prepared.client_id)
-            self._crash.reached("unprepare:client-revoked")
+            await self._crash.together(
+                (self._unenroll(prepared.enrollment_token_id), "unprepare:token-revoked"),
+                (self._revoke_client(prepared.client_id), "unprepare:client-revoked"),
+            )
         except ThunderError as err:
             raise ClaimError(
                 f"Thunder revocation failed: {err}", ErrorReason.THUNDER_REVOKE
             ) from None
-        await self._undo.cdi.remove(prepared.uid)
-        self._crash.reached("unprepare:cdi-removed")
-        await self._undo.remove_claim_files(prepared.uid)
-        self._crash.reached("unprepare:claim-dir-removed")
+        files: list[Step] = [
+            (self._undo.cdi.remove(prepared.uid), "unprepare:cdi-removed"),
+            (
+                remove_claim_dir(self._undo.layout.directory(prepared.uid)),
+                "unprepare:claim-dir-removed",
+            ),
+        ]
         if prepared.consumer.kind == "vm":
-            await self._records.delete_guest_secret(prepared.namespace, prepared.name, prepared.uid)
-            self._crash.reached("unprepare:secret-removed")
+            secret = self._records.delete_guest_secret(
+                prepared.namespace, prepared.name, prepared.uid
+            )
+            files.append((secret, "unprepare:secret-removed"))
+        await self._crash.together(*files)
         await self._records.delete_client(prepared.namespace, prepared.uid)
         self._crash.reached("unprepare:client-removed")
         await self._checkpoint.drop(prepared.uid)
@@ -87,6 +102,14 @@ class Unpreparer:
                 "claim": prepared.name,
             },
         )
+
+    async def _unenroll(self, token_id: str | None) -> None:
+        if token_id:
+            await self._undo.thunder.unenroll(token_id)
+
+    async def _revoke_client(self, client_id: str | None) -> None:
+        if client_id:
+            await self._undo.thunder.revoke_client(client_id)
 
     async def clean_unknown(self, ref: ClaimRef) -> None:
         """Revoke and remove a claim the checkpoint does not hold, from its ``Client``

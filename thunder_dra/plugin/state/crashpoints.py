@@ -15,11 +15,16 @@ disarm it. ``<step>@<n>`` crashes on the n-th time the step is reached.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
+from collections.abc import Awaitable
 
 CRASH_EXIT_CODE = 137
+
+Step = tuple[Awaitable[object], str]
+"""A step of work, and the crash point reached once it is done."""
 
 PREPARE_STEPS = (
     "prepare:journal-begun",
@@ -84,3 +89,15 @@ class CrashPoints:
         sys.stderr.write(f"thunder-daemon: crash hook: exiting at {step}\n")
         sys.stderr.flush()
         os._exit(CRASH_EXIT_CODE)
+
+    async def together(self, *steps: Step) -> None:
+        """Run ``steps`` at once and wait for all of them (a step is never abandoned
+        half-way because another failed); then reach the crash points of those that
+        succeeded, in the order given, and raise the first error in that order."""
+        outcomes = await asyncio.gather(*(work for work, _ in steps), return_exceptions=True)
+        for outcome, (_, point) in zip(outcomes, steps, strict=True):
+            if not isinstance(outcome, BaseException):
+                self.reached(point)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
