@@ -8,11 +8,11 @@ The order (docs/daemon.md#preparing-a-claim), every step safe to crash after:
    minting, so a bad download never costs an enrollment;
 3. journal the mint, mint a client token (thunder-api.md 2.6), record its ID;
 4. pods: exchange it (thunder-api.md 2.9, hostname = the pod's name), record the client
-   ID, write the claim's ``config.json``; VMs: write the ``<claim>-thunder-setup`` Secret
-   instead;
-5. record the ``Client`` (finalizer, spec, status Enrolled);
-6. pods: write the CDI spec;
-7. commit the checkpoint, close the journal entry, answer.
+   ID; VMs: write the ``<claim>-thunder-setup`` Secret instead;
+5. record the ``Client`` (finalizer, spec, status Enrolled); for pods, the claim's
+   ``config.json`` and its CDI spec are written at the same time (none of the three
+   depends on another);
+6. commit the checkpoint, close the journal entry, answer.
 
 Any failure rolls the attempt back through the journal (:mod:`rollback`), and the error
 says which step failed. The rollback reads the entry back from disk and decides from the
@@ -49,6 +49,7 @@ from thunder_dra.plugin.config import DaemonConfig
 from thunder_dra.plugin.errors import ClaimError
 from thunder_dra.plugin.files.cdi import CdiError, CdiSpecStore
 from thunder_dra.plugin.files.clientconfig import (
+    ClientConfig,
     ClientConfigError,
     client_config_from_exchange,
     write_client_config,
@@ -286,7 +287,7 @@ class Preparer:
                 d.crash.reached("prepare:secret-written")
             else:
                 assert files is not None
-                client_id = await self._exchange(claim, entry, minted, attempt, files.directory)
+                client_id, config = await self._exchange(claim, entry, minted, attempt)
         finally:
             d.scrubber.remove(key)
         enrolled = claim.model_copy(
@@ -297,29 +298,34 @@ class Preparer:
                 "paths": files.paths if files is not None else (),
             }
         )
-        await d.records.record_client(enrolled)
-        d.crash.reached("prepare:client-recorded")
-        if files is not None:
-            await d.cdi.write_claim(
-                enrolled,
-                config_json=files.config_json,
-                libthunder=files.library,
-                preload=preload,
+        if files is None:
+            await d.records.record_client(enrolled)
+            d.crash.reached("prepare:client-recorded")
+        else:
+            # With the client ID journaled, the files and the record depend on nothing but
+            # it: written at once, all done before the checkpoint commits the claim.
+            await d.crash.together(
+                (write_client_config(files.directory, config), "prepare:config-written"),
+                (d.records.record_client(enrolled), "prepare:client-recorded"),
+                (
+                    d.cdi.write_claim(
+                        enrolled,
+                        config_json=files.config_json,
+                        libthunder=files.library,
+                        preload=preload,
+                    ),
+                    "prepare:cdi-written",
+                ),
             )
-            d.crash.reached("prepare:cdi-written")
         prepared = enrolled.model_copy(update={"state": ClaimState.PREPARED})
         await d.checkpoint.put(prepared)
         d.crash.reached("prepare:checkpoint-committed")
         return prepared
 
     async def _exchange(
-        self,
-        claim: PreparedClaim,
-        entry: JournalEntry,
-        minted: MintedToken,
-        attempt: Attempt,
-        directory: Path,
-    ) -> str:
+        self, claim: PreparedClaim, entry: JournalEntry, minted: MintedToken, attempt: Attempt
+    ) -> tuple[str, ClientConfig]:
+        """Exchange the token and journal the client ID; the client's ``config.json``."""
         d = self.d
         try:
             exchange = await d.thunder.exchange(minted.enrollment_token, claim.hostname)
@@ -334,6 +340,4 @@ class Preparer:
         config = client_config_from_exchange(
             exchange, central_api_url=d.config.api_url, telemetry_collector=d.config.telemetry_url
         )
-        await write_client_config(directory, config)
-        d.crash.reached("prepare:config-written")
-        return client_id
+        return client_id, config

@@ -1,0 +1,142 @@
+"""Prepare's last stage before the checkpoint: once the client ID is journaled, a pod
+claim's ``config.json``, its ``Client`` record and its CDI spec are written at once; each
+is finished (or failed) before the checkpoint commits the claim, and a failure or a crash
+among them rolls the whole attempt back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.plugin.fakes import CrashAt, Crashed
+from tests.unit.plugin.lifecycle_node import Daemon, World
+from thunder_dra.kube.errors import Unavailable
+from thunder_dra.plugin.claims import prepare as prepare_module
+from thunder_dra.plugin.files import clientconfig
+from thunder_dra.plugin.state.checkpoint import PreparedClaim
+
+Call = Callable[..., Coroutine[Any, Any, Any]]
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+class Meeting:
+    """Wraps calls so that each waits until ``everyone`` of them have started: calls made
+    one after another would never get past the first."""
+
+    def __init__(self, everyone: int) -> None:
+        self.everyone = everyone
+        self.started: list[str] = []
+        self._all_started = asyncio.Event()
+
+    def wrap(self, name: str, call: Call) -> Call:
+        async def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.started.append(name)
+            if len(self.started) == self.everyone:
+                self._all_started.set()
+            await asyncio.wait_for(self._all_started.wait(), timeout=5)
+            return await call(*args, **kwargs)
+
+        return wrapped
+
+
+def _parts(daemon: Daemon) -> tuple[Any, Any]:
+    deps = daemon.preparer.d
+    return deps.records, deps.cdi
+
+
+async def test_the_config_the_record_and_the_cdi_spec_are_written_at_once(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon = await world.start()
+    records, cdi = _parts(daemon)
+    meeting = Meeting(3)
+    config = meeting.wrap("config", clientconfig.write_client_config)
+    monkeypatch.setattr(prepare_module, "write_client_config", config)
+    monkeypatch.setattr(records, "record_client", meeting.wrap("record", records.record_client))
+    monkeypatch.setattr(cdi, "write_claim", meeting.wrap("cdi", cdi.write_claim))
+    ref = world.claim("train")
+    prepared = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(prepared, PreparedClaim), prepared
+    assert sorted(meeting.started) == ["cdi", "config", "record"]
+    assert len(world.client_records()) == 1
+    assert (daemon.config.claim_layout.config_json(ref.uid)).is_file()
+    assert list(world.checkpoint_claims()) == [ref.uid]
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    world.assert_clean()
+    await daemon.stop()
+
+
+async def test_a_failed_record_lets_the_files_finish_then_rolls_everything_back(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon = await world.start()
+    records, cdi = _parts(daemon)
+    written: list[str] = []
+    write_claim = cdi.write_claim
+
+    async def refuse(*args: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(0)
+        raise Unavailable("POST", "/apis/thundercompute.com/v1alpha1/clients", 503, "unavailable")
+
+    async def spec_then_note(*args: Any, **kwargs: Any) -> Path:
+        await asyncio.sleep(0.05)  # finishes well after the record has failed
+        path: Path = await write_claim(*args, **kwargs)
+        written.append(path.name)
+        return path
+
+    monkeypatch.setattr(records, "record_client", refuse)
+    monkeypatch.setattr(cdi, "write_claim", spec_then_note)
+    ref = world.claim("train")
+    error = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(error, str), error
+    assert "503 unavailable" in error
+    # The spec was written to the end before the rollback, which then removed it.
+    assert written == [f"thundercompute.com-gpu_claim-{ref.uid}.json"]
+    assert world.node_files() == []
+    assert world.live_tokens() == []
+    assert world.leaks() == []
+    assert world.client_records() == []
+    assert world.open_journal_entries() == []
+    assert world.checkpoint_claims() == {}
+
+    monkeypatch.undo()
+    prepared = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(prepared, PreparedClaim), prepared
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    world.assert_clean()
+    await daemon.stop()
+
+
+@pytest.mark.parametrize(
+    "step", ["prepare:config-written", "prepare:client-recorded", "prepare:cdi-written"]
+)
+async def test_a_crash_after_the_stage_rolls_back_all_three_at_start_up(
+    world: World, step: str
+) -> None:
+    ref = world.claim("train")
+    daemon = await world.start(crash=CrashAt(step))
+    with pytest.raises(Crashed):
+        await daemon.prepare(ref)
+    await daemon.kill()
+    # All three were written before any of the stage's crash points was reached.
+    assert len(world.client_records()) == 1
+    assert len(world.node_files()) == 2  # the claim's directory and its CDI spec
+    assert len(world.live_tokens()) == 1
+    daemon = await world.start()
+    assert world.client_records() == []
+    assert world.node_files() == []
+    assert world.live_tokens() == []
+    assert world.leaks() == []
+    prepared = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(prepared, PreparedClaim), prepared
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    world.assert_clean()
+    await daemon.stop()
