@@ -11,6 +11,8 @@ the claim with the fake Thunder:
   kubelet, even when the device is tried in zone A first;
 - with only zone A, the pod stays Pending with Thunder's error in its events;
 - a claim enrolled for a pod that is deleted before it starts is released;
+- a claim the kubelet unprepared while it is still reserved for its bound pod (a pod
+  that ended, before the claim controller drops the reservation) is not enrolled again;
 - a daemon killed while it enrolls leaves nothing behind once it is back;
 - in every case the fake's audit shows no leaked enrollment.
 
@@ -20,6 +22,7 @@ its cool-down, so the scheduler's next try lands elsewhere.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,8 +35,10 @@ from hack.fake_thunder import FakeThunderProcess
 from hack.testbed.daemon import (
     DRIVER,
     RESOURCE,
+    DirectClaim,
     NodeHarness,
     claim_template,
+    dra_unprepare,
     mints,
 )
 from hack.testbed.kube import Kube, wait_for
@@ -360,6 +365,46 @@ def test_a_claim_enrolled_for_a_pod_deleted_before_it_starts_is_released(world: 
         _no_leaks(fake)
     finally:
         nodes["b"].kubelet.start()
+
+
+def test_a_claim_unprepared_while_still_reserved_for_its_bound_pod_is_not_enrolled_again(
+    world: World,
+) -> None:
+    kube, fake, zones, nodes, namespace = world
+    pod = _pod(kube, namespace, zones)
+    obj = _running(kube, namespace, pod)
+    claim = _claim_of(kube, namespace, pod)
+    assert claim is not None
+    uid = claim["metadata"]["uid"]
+    (node,) = [n for n in nodes.values() if n.name == obj["spec"]["nodeName"]]
+    before = len(fake.admin.writes())
+    # The kubelet unprepares a pod's claims once its containers have ended; the claim
+    # controller drops the reservation on its own time, here not yet.
+    direct = DirectClaim(namespace=namespace, name=claim["metadata"]["name"], uid=uid)
+    (answer,) = dra_unprepare(node.daemon, [direct]).values()
+    assert answer.error == ""
+
+    def cleared() -> dict[str, Any] | None:
+        current = kube.get(RESOURCE, "ResourceClaim", claim["metadata"]["name"], namespace)
+        if current and ENROLLED not in _conditions(current):
+            return current
+        return None
+
+    current = wait_for(cleared, "the claim's Enrolled condition cleared", timeout=60)
+    assert [r["name"] for r in current["status"]["reservedFor"]] == [pod]
+    # The daemon sees the claim change at once (a watch); give it a few watch windows.
+    deadline = time.monotonic() + 12
+    while time.monotonic() < deadline:
+        assert mints(fake, before, role="client") == [], "the claim was enrolled again"
+        time.sleep(0.5)
+    enrolled = [
+        r
+        for r in node.daemon.log_records()
+        if r.get("message") == "enrolling a claim before binding" and r.get("claim_uid") == uid
+    ]
+    assert len(enrolled) == 1, enrolled
+    _delete_pod(kube, namespace, pod)
+    _no_leaks(fake)
 
 
 def test_a_daemon_killed_while_it_enrolls_leaves_nothing_and_the_pod_runs(world: World) -> None:

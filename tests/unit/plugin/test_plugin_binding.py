@@ -21,9 +21,14 @@ from hypothesis import strategies as st
 
 from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED
 from thunder_dra.kube.errors import Gone, NotFound, Unavailable
-from thunder_dra.kube.resources import RESOURCE_CLAIMS
+from thunder_dra.kube.resources import PODS, RESOURCE_CLAIMS
 from thunder_dra.plugin.claims import binding
-from thunder_dra.plugin.claims.binding import BindingWatcher, allocated_node, waits_for_enrollment
+from thunder_dra.plugin.claims.binding import (
+    BindingWatcher,
+    allocated_node,
+    reserved_pod,
+    waits_for_enrollment,
+)
 from thunder_dra.plugin.state.checkpoint import (
     Checkpoint,
     CheckpointStore,
@@ -320,6 +325,15 @@ class Parked(Exception):
     """Never raised: the scripts ran out and the fake waits until cancelled."""
 
 
+def _pod(name: str, uid: str = "pod-uid", **fields: Any) -> JSON:
+    """A pod as the API server answers it: unbound and pending, unless ``fields`` say
+    otherwise (``spec``, ``status``, ``metadata`` entries merged in)."""
+    pod: JSON = {"metadata": {"name": name, "uid": uid}, "spec": {}, "status": {"phase": "Pending"}}
+    for key, value in fields.items():
+        pod[key] = {**pod[key], **value}
+    return pod
+
+
 class ScriptedKube:
     """Listings, watch windows and gets answered from scripts. A script entry that is an
     exception is raised. When the listings or windows run out the call waits until the
@@ -329,6 +343,8 @@ class ScriptedKube:
         self.listings: list[tuple[list[JSON], str] | Exception] = []
         self.windows: list[tuple[list[JSON], str] | Exception] = []
         self.claims: dict[str, JSON | Exception] = {}
+        # Pods the claims are reserved for: unbound and pending unless a test says else.
+        self.pods: dict[str, JSON | None] = {}
         self.list_calls = 0
         self.window_versions: list[str] = []
         self.gets: list[str] = []
@@ -338,6 +354,8 @@ class ScriptedKube:
         self.gets.append(path)
         await asyncio.sleep(0)
         found = self.claims.get(path)
+        if found is None and "/pods/" in path:
+            found = self.pods.get(path, _pod(path.rsplit("/", 1)[1]))
         if found is None:
             raise NotFound("GET", path, 404, "NotFound", "not found")
         if isinstance(found, Exception):
@@ -495,6 +513,57 @@ async def test_a_waiting_claim_on_this_node_is_enrolled_once_while_events_repeat
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+@pytest.mark.parametrize(
+    ("pod", "why"),
+    [
+        (None, "the pod is gone"),
+        (_pod("p", uid="another-pod"), "the pod is gone"),
+        (_pod("p", metadata={"deletionTimestamp": "2026-12-02T10:00:00Z"}), "being deleted"),
+        (_pod("p", spec={"nodeName": NODE}), "bound already"),
+        (_pod("p", status={"phase": "Succeeded"}), "has ended"),
+        (_pod("p", status={"phase": "Failed"}), "has ended"),
+    ],
+    ids=["gone", "replaced", "deleting", "bound", "succeeded", "failed"],
+)
+async def test_a_claim_whose_pod_no_longer_waits_for_binding_is_not_enrolled(
+    rig: Rig, caplog: pytest.LogCaptureFixture, pod: JSON | None, why: str
+) -> None:
+    # What the kubelet's unprepare leaves while the claim controller has not yet dropped
+    # the reservation: no Enrolled entry, still reserved, its pod past binding.
+    rig.kube.pods[PODS.item("p", "work")] = pod
+    rig.listing(_claim())
+    with caplog.at_level(logging.INFO, logger=binding.__name__):
+        await rig.run_until_parked()
+    assert rig.handler.calls == []
+    assert rig.uids() == set()
+    assert PODS.item("p", "work") in rig.kube.gets
+    [record] = [r for r in caplog.records if r.getMessage().startswith("not enrolling")]
+    assert why in record.__dict__["why"]
+    assert record.__dict__["claim_uid"] == "uid-gpu"
+
+
+async def test_a_claim_whose_pod_waits_unbound_is_enrolled(rig: Rig) -> None:
+    rig.kube.pods[PODS.item("p", "work")] = _pod("p", status={"phase": "Pending"})
+    rig.listing(_claim())
+    await rig.run_until_parked()
+    assert rig.handler.calls == [("enroll", "uid-gpu")]
+
+
+def test_the_reserved_pod_is_the_first_core_pod_entry() -> None:
+    claim = _claim()
+    claim["status"]["reservedFor"] = [
+        {"apiGroup": "example.com", "resource": "pods", "name": "other", "uid": "x"},
+        {"resource": "jobs", "name": "j", "uid": "y"},
+        {"resource": "pods", "name": "p", "uid": "pod-uid"},
+        {"resource": "pods", "name": "q", "uid": "z"},
+    ]
+    assert reserved_pod(claim) == ("p", "pod-uid")
+    claim["status"]["reservedFor"] = [{"resource": "pods", "name": "p"}]
+    assert reserved_pod(claim) == ("p", "")
+    assert reserved_pod(_claim(reserved=False)) is None
+    assert reserved_pod({"status": {"reservedFor": "not a list"}}) is None
 
 
 async def test_an_enrolled_claim_seen_again_is_neither_enrolled_nor_released(rig: Rig) -> None:

@@ -40,7 +40,7 @@ from thunder_dra.backoff import backoff_delay
 from thunder_dra.kube import bodies
 from thunder_dra.kube import errors as kube_errors
 from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED
-from thunder_dra.kube.resources import RESOURCE_CLAIMS
+from thunder_dra.kube.resources import PODS, RESOURCE_CLAIMS
 from thunder_dra.plugin.state.checkpoint import CheckpointStore, ClaimRef, PreparedClaim
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,21 @@ def waits_for_enrollment(claim: Mapping[str, Any], driver: str) -> bool:
             ):
                 return False
     return True
+
+
+def reserved_pod(claim: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The name and UID of the first pod the claim is reserved for (the consumer prepare
+    takes), or None."""
+    for entry in _list(_mapping(claim.get("status")).get("reservedFor")):
+        if (
+            isinstance(entry, Mapping)
+            and entry.get("resource") == "pods"
+            and not entry.get("apiGroup")
+        ):
+            name, uid = entry.get("name"), entry.get("uid")
+            if isinstance(name, str) and name:
+                return name, uid if isinstance(uid, str) else ""
+    return None
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
@@ -240,7 +255,8 @@ class BindingWatcher:
         node = allocated_node(claim)
         if node == self._node and waits_for_enrollment(claim, self._driver):
             if ref.uid not in self._checkpoint.current.claims:
-                self._start(ref.uid, lambda: self._enroll(ref))
+                pod = reserved_pod(claim)
+                self._start(ref.uid, lambda: self._enroll(ref, pod))
             return
         allocated = _mapping(claim.get("status")).get("allocation")
         if not allocated:
@@ -294,12 +310,43 @@ class BindingWatcher:
             return
         await self._release(ref, "the claim no longer exists")
 
-    async def _enroll(self, ref: ClaimRef) -> None:
+    async def _enroll(self, ref: ClaimRef, pod: tuple[str, str] | None) -> None:
+        if pod is not None and await self._past_binding(ref, pod):
+            return
         log.info(
             "enrolling a claim before binding",
             extra={"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name},
         )
         await self._handler.prepare_before_binding(ref)
+
+    async def _past_binding(self, ref: ClaimRef, pod: tuple[str, str]) -> bool:
+        """Whether the pod the claim is reserved for no longer waits to be bound: it is
+        bound already, has ended or is going away. Such a claim lacks ``Enrolled``
+        because the kubelet unprepared it (the pod's containers ended) before the claim
+        controller dropped the reservation; no scheduler waits on it, so enrolling it
+        again would only cost an enrollment to release later."""
+        name, uid = pod
+        try:
+            obj = await self._kube.get(PODS.item(name, ref.namespace))
+        except kube_errors.NotFound:
+            why = "the pod is gone"
+        else:
+            if uid and bodies.metadata(obj).get("uid") != uid:
+                why = "the pod is gone"  # another pod of the same name
+            elif bodies.metadata(obj).get("deletionTimestamp"):
+                why = "the pod is being deleted"
+            elif _mapping(obj.get("spec")).get("nodeName"):
+                why = "the pod is bound already"
+            elif _mapping(obj.get("status")).get("phase") in ("Succeeded", "Failed"):
+                why = "the pod has ended"
+            else:
+                return False
+        log.info(
+            "not enrolling a claim before binding: its pod does not wait for binding",
+            extra={"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name,
+                   "pod": name, "why": why},
+        )  # fmt: skip
+        return True
 
     async def _release(self, ref: ClaimRef, why: str) -> None:
         log.info(
