@@ -35,6 +35,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -101,7 +102,8 @@ def _rss_mib(pid: int, field: str) -> float:
 
 
 class Environment:
-    """Control plane, fake Thunder, node, pool and claims; the daemon process."""
+    """Control plane, fake Thunder, node, pool and claims; the daemon process (and any
+    other daemon process started with :meth:`spawn_daemon`, all stopped on exit)."""
 
     def __init__(self, claims: int, workdir: Path) -> None:
         self.count = claims
@@ -114,6 +116,7 @@ class Environment:
         self.cluster: Cluster | None = None
         self.fake: FakeThunderProcess | None = None
         self.daemon: subprocess.Popen[bytes] | None = None
+        self.daemons: list[subprocess.Popen[bytes]] = []
         self.claims: list[Claim] = []
         self.pool_name = ""
         self.devices: list[str] = []
@@ -125,8 +128,8 @@ class Environment:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.daemon is not None:
-            supervise.stop(self.daemon, 20)
+        for daemon in self.daemons:
+            supervise.stop(daemon, 20)
         if self.fake is not None:
             self.fake.stop()
         if self.cluster is not None:
@@ -169,13 +172,47 @@ class Environment:
             self.claims.append(self._claim(core, custom, index))
         api.close()
 
-    def _claim(self, core: Any, custom: Any, index: int) -> Claim:
-        name = f"claim-{index}"
+    def add_claims(
+        self,
+        count: int,
+        prefix: str,
+        *,
+        allocation: Mapping[str, Any] | None = None,
+        result: Mapping[str, Any] | None = None,
+        pod_spec: Mapping[str, Any] | None = None,
+    ) -> list[Claim]:
+        """``count`` more claims (``<prefix>claim-<i>``, each reserved for its bare pod
+        ``<prefix>pod-<i>``), allocated and reserved as :meth:`prepare_cluster` does, with
+        ``allocation``'s fields added to ``status.allocation``, ``result``'s to each
+        device result and ``pod_spec``'s to each pod's spec."""
+        assert self.cluster is not None
+        api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig))  # type: ignore[no-untyped-call]
+        core = client.CoreV1Api(api)
+        custom = client.CustomObjectsApi(api)
+        try:
+            return [
+                self._claim(core, custom, index, prefix, allocation, result, pod_spec)
+                for index in range(count)
+            ]
+        finally:
+            api.close()
+
+    def _claim(
+        self,
+        core: Any,
+        custom: Any,
+        index: int,
+        prefix: str = "",
+        allocation: Mapping[str, Any] | None = None,
+        result: Mapping[str, Any] | None = None,
+        pod_spec: Mapping[str, Any] | None = None,
+    ) -> Claim:
+        name = f"{prefix}claim-{index}"
         pod = core.create_namespaced_pod(
             self.namespace,
             {
-                "metadata": {"name": f"pod-{index}"},
-                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+                "metadata": {"name": f"{prefix}pod-{index}"},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}], **(pod_spec or {})},
             },
         )
         created = custom.create_namespaced_custom_object(
@@ -203,9 +240,11 @@ class Environment:
                                 "driver": DRIVER,
                                 "pool": self.pool_name,
                                 "device": self.devices[index % len(self.devices)],
+                                **(result or {}),
                             }
                         ]
-                    }
+                    },
+                    **(allocation or {}),
                 },
                 "reservedFor": [
                     {"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}
@@ -224,8 +263,19 @@ class Environment:
         return self.root / "plugins" / DRIVER / "dra-bench.sock"
 
     def start_daemon(self) -> int:
+        """Start the daemon of this checkout under :attr:`root`; its pid."""
+        self.daemon = self.spawn_daemon(self.root)
+        return self.daemon.pid
+
+    def spawn_daemon(
+        self, root: Path, *, source: Path = REPO, extra_args: Sequence[str] = ()
+    ) -> subprocess.Popen[bytes]:
+        """A daemon process of the source tree ``source``, its directories (plugins,
+        plugins_registry, cdi, state, host) and its log (daemon.log) under ``root``, once
+        its /healthz answers. It is stopped on exit."""
         assert self.cluster is not None
         assert self.fake is not None
+        root.mkdir(parents=True, exist_ok=True)
         health = free_port()
         args = [
             sys.executable, "-m", "thunder_dra.plugin",
@@ -233,45 +283,57 @@ class Environment:
             "--api-url", self.fake.base_url,
             "--artifact-base-url", self.fake.artifact_base_url,
             "--telemetry-url", "https://telemetry.example.test:2096",
-            "--plugin-dir-root", str(self.root / "plugins"),
-            "--registry-dir", str(self.root / "plugins_registry"),
-            "--cdi-dir", str(self.root / "cdi"),
-            "--state-dir", str(self.root / "state"),
+            "--plugin-dir-root", str(root / "plugins"),
+            "--registry-dir", str(root / "plugins_registry"),
+            "--cdi-dir", str(root / "cdi"),
+            "--state-dir", str(root / "state"),
             "--health-address", "127.0.0.1",
             "--health-port", str(health),
             "--host-runner", "local",
             "--host-path-prefix", str(BIN_DIR),
-            "--host-env", f"{STATE_ENV}={self.root / 'host'}",
+            "--host-env", f"{STATE_ENV}={root / 'host'}",
             "--log-level", "warning",
             "--log-format", "json",
+            *extra_args,
         ]  # fmt: skip
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": str(source),
             "NODE_NAME": self.node,
             "POD_UID": "bench",
             "THUNDER_API_TOKEN": API_TOKEN,
             "KUBECONFIG": str(self.cluster.kubeconfig),
         }
-        log = (self.root / "daemon.log").open("ab")
-        self.daemon = start_tied(
-            args,
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-        )
+        log_path = root / "daemon.log"
+        with log_path.open("ab") as log:
+            daemon = start_tied(
+                args,
+                cwd=source,
+                env=env,
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+            )
+        self.daemons.append(daemon)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if self.daemon.poll() is not None:
-                raise SystemExit(f"daemon exited: {(self.root / 'daemon.log').read_text()}")
+            if daemon.poll() is not None:
+                raise SystemExit(f"daemon ({source}) exited: {log_path.read_text()}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=2):
-                    return self.daemon.pid
+                    return daemon
             except OSError:
                 time.sleep(0.1)
-        raise SystemExit("daemon did not become healthy")
+        raise SystemExit(
+            f"daemon ({source}) did not become healthy: {supervise.log_tail(log_path, 30)}"
+        )
+
+    def stop_daemon(self, daemon: subprocess.Popen[bytes]) -> None:
+        """Stop a daemon started by :meth:`spawn_daemon` (SIGTERM, then SIGKILL)."""
+        supervise.stop(daemon, 20)
+        self.daemons.remove(daemon)
+        if daemon is self.daemon:
+            self.daemon = None
 
 
 class Driver:

@@ -1,7 +1,8 @@
 """Benchmark of what the kubelet waits on: its DRA manager's prepare and unprepare calls to
 the node daemon, side by side with the same calls to a minimal Go plugin (the floor).
 
-    python -m bench.kubelet_calls [--claims 100] [--in-flight 20] [--write-docs] [--note TEXT]
+    python -m bench.kubelet_calls [--claims 100] [--in-flight 20] [--baseline REF]
+                                  [--write-docs] [--note TEXT]
 
 Set-up (all local, nothing timed) is the daemon benchmark's (bench.daemon_prepare): a local
 control plane, the fake Thunder service, one simulated client-only node with its pool's
@@ -19,6 +20,32 @@ two plugins in one run; each reports latency percentiles, claims per second, the
 own gRPC metric and the CPU time per claim of the plugin, the API server and the kubelet's
 DRA code (/proc/<pid>/stat). ``--write-docs`` replaces the "Kubelet calls" section of
 docs/benchmarks.md.
+
+``--baseline REF`` adds "before", the daemon of an earlier commit, to the same run: the
+commit's tree is exported (``git archive``) into the run's temporary directory and started
+as ours is (same flags, environment and interpreter, its own directories and
+``plugins_registry``), so a before/after comparison comes from one run on the same
+claims; the cases then alternate before, ours and floor.
+
+Last comes "ours, enrolled before binding" (docs/daemon.md, "Enrolling before binding"):
+claims of its own (as many, and two for drabench's warm-up) whose allocation names the
+node in ``nodeSelector`` and asks for ``thundercompute.com/Enrolled`` on each device, as
+the scheduler writes it when the operator publishes devices for enrollment before
+binding; their pods are kept unbound by a scheduling gate, as the scheduler keeps a pod
+while it waits for the claim (the daemon leaves alone a claim whose pod is bound). For it ours is stopped and started again, same directories, with
+``--enroll-before-binding``, rather than started as another daemon beside it: the mode
+is the same daemon's, its state (the library cache) carries over, only one daemon of
+this checkout is registered at a time, and its checkpoint is empty by then (every
+earlier case unprepared what it prepared). The daemon enrolls every claim by itself; the
+bench waits (bounded) until each claim's ``status.devices`` entry says ``Enrolled``, then
+drabench times the kubelet's prepare (which finds the claim checkpointed and only checks
+its files) and unprepare. drabench removes each pod from its claim's ``reservedFor``
+between the two calls, untimed, as the claim controller does when a pod ends; otherwise
+the daemon would enroll the unprepared claim again at once, in the middle of the timed
+calls. Before the run with ``--in-flight`` the claims are reserved again and the bench
+waits for their enrollment again. The bench stops with an error when the API server did
+not keep the binding fields (read back after the claims are created) and when the fake
+Thunder service saw an enrollment during the case's drabench run.
 """
 
 from __future__ import annotations
@@ -26,272 +53,75 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.daemon_prepare import DRIVER, Claim, Environment, Series
-from bench.docsection import DOC, INTRO, command_line, replace_section
+from kubernetes import client, config
+
+from bench.daemon_prepare import DRIVER, GROUP_RESOURCE, Claim, Environment
+from bench.docsection import command_line
+from bench.kubelet_report import (
+    BEFORE,
+    FLOOR,
+    OURS,
+    OURS_BINDING,
+    Baseline,
+    Case,
+    Machine,
+    parse_case,
+    render,
+    write_docs,
+)
 from hack import supervise
 from hack.tied import start_tied
+from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "hack" / "build-kubeletbench.sh"
-GO_MODULE = REPO / "hack" / "tools" / "kubeletbench"
-HEADING = "## Kubelet calls"
-OURS = "ours"
-FLOOR = "floor"
-TARGET_PREPARE_RATIO = 2.5
-TARGET_UNPREPARE_RATIO = 3.0
-PREPARE_METHOD = "NodePrepareResources"
-UNPREPARE_METHOD = "NodeUnprepareResources"
+"""Ours over floor, prepare p50, for a claim enrolled before binding."""
+MINT_PATH = "/api/v1/enrollment-tokens"
+"""The Thunder call that starts every enrollment (thunder-api.md), in the fake's writes."""
+WARMUP = 2
+"""drabench's untimed warm-up cycles (its --warmup default)."""
+WAITING_POD = {"schedulingGates": [{"name": "thundercompute.com/bench"}]}
+"""Kept unbound, as the scheduler keeps a pod whose claim waits for ``Enrolled`` (the
+daemon leaves alone a claim whose pod is bound already)."""
+BINDING_RESULT = {"bindingConditions": [ENROLLED], "bindingFailureConditions": [ENROLLMENT_FAILED]}
+"""What each device result of a claim enrolled before binding carries."""
 
 
-@dataclass(frozen=True)
-class Case:
-    """One drabench run: one plugin, one number of pods in flight."""
-
-    plugin: str
-    in_flight: int
-    prepare: Series
-    unprepare: Series
-    wall_s: float
-    cpu_ms: dict[str, float]
-    """CPU time per prepare + unprepare of one claim: "plugin", "kube-apiserver", "kubelet"."""
-    grpc_ms: dict[str, float]
-    """The kubelet's gRPC metric: mean milliseconds per call, by method."""
-
-    @property
-    def calls(self) -> int:
-        return len(self.prepare.seconds)
-
-    @property
-    def claims_per_second(self) -> float:
-        return self.calls / self.wall_s
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"git {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout
 
 
-def parse_case(plugin: str, raw: dict[str, Any], clock_ticks: int) -> Case:
-    """A Case from drabench's JSON result (CPU in clock ticks of ``clock_ticks`` per second)."""
-    calls = len(raw["prepare_s"])
-    names = {"plugin": "plugin", "kube-apiserver": "kube-apiserver", "drabench": "kubelet"}
-    cpu = {
-        label: raw["cpu_ticks"][name] / clock_ticks / calls * 1000 for name, label in names.items()
-    }
-    grpc = {
-        method: totals["sum_s"] / totals["count"] * 1000
-        for method, totals in raw["grpc"].items()
-        if totals["count"]
-    }
-    in_flight = raw["in_flight"]
-    return Case(
-        plugin=plugin,
-        in_flight=in_flight,
-        prepare=Series(f"prepare, {in_flight} in flight", list(raw["prepare_s"])),
-        unprepare=Series(f"unprepare, {in_flight} in flight", list(raw["unprepare_s"])),
-        wall_s=raw["wall_s"],
-        cpu_ms=cpu,
-        grpc_ms=grpc,
-    )
+def resolve_baseline(ref: str) -> Baseline:
+    """The commit ``ref`` names: its short hash and subject line."""
+    _git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    commit, subject = _git("show", "-s", "--format=%h%n%s", ref).splitlines()[:2]
+    return Baseline(commit=commit, subject=subject)
 
 
-@dataclass(frozen=True)
-class Machine:
-    started: str
-    arch: str
-    cpus: int
-    cpu_model: str
-    python: str
-    go: str
-    kubernetes: str
-    load_mean: float
-
-    @staticmethod
-    def describe(started: datetime, load_mean: float) -> Machine:
-        model = ""
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-        go = subprocess.run(
-            ["go", "env", "GOVERSION"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        return Machine(
-            started=started.strftime("%Y-%m-%d %H:%M UTC"),
-            arch=platform.machine(),
-            cpus=os.cpu_count() or 1,
-            cpu_model=model,
-            python=platform.python_version(),
-            go=go,
-            kubernetes=kubernetes_version(GO_MODULE / "go.mod"),
-            load_mean=load_mean,
-        )
-
-
-def kubernetes_version(go_mod: Path) -> str:
-    """The k8s.io/kubernetes version a go.mod requires."""
-    for line in go_mod.read_text().splitlines():
-        fields = line.replace("require", "").split()
-        if len(fields) >= 2 and fields[0] == "k8s.io/kubernetes":
-            return fields[1]
-    raise SystemExit(f"{go_mod} does not require k8s.io/kubernetes")
-
-
-def ratio(ours: float, floor: float) -> float:
-    return ours / floor if floor > 0 else float("inf")
-
-
-def _case(cases: Sequence[Case], plugin: str, in_flight: int) -> Case:
-    return next(c for c in cases if c.plugin == plugin and c.in_flight == in_flight)
-
-
-def _mean_ms(series: Series) -> float:
-    return statistics.fmean(series.seconds) * 1000
-
-
-def _fmt_ratio(value: float) -> str:
-    return f"{value:.1f}x" if value < 10 else f"{value:.0f}x"
-
-
-def render(cases: Sequence[Case], machine: Machine, command: str, note: str = "") -> str:
-    """The "Kubelet calls" section of docs/benchmarks.md."""
-    in_flights = sorted({c.in_flight for c in cases})
-    rows = []
-    for call in ("prepare", "unprepare"):
-        for n in in_flights:
-            ours: Series = getattr(_case(cases, OURS, n), call)
-            floor: Series = getattr(_case(cases, FLOOR, n), call)
-            rows.append(
-                f"| {call} | {n} | {len(ours.seconds)} / {len(floor.seconds)} "
-                f"| {ours.pct(0.5):.1f} | {floor.pct(0.5):.1f} "
-                f"| {_fmt_ratio(ratio(ours.pct(0.5), floor.pct(0.5)))} "
-                f"| {ours.pct(0.99):.1f} | {floor.pct(0.99):.1f} "
-                f"| {_fmt_ratio(ratio(ours.pct(0.99), floor.pct(0.99)))} |"
-            )
-    columns = [(n, plugin) for n in in_flights for plugin in (OURS, FLOOR)]
-    header = " | ".join(f"{plugin}, {n} in flight" for n, plugin in columns)
-
-    def per_case(label: str, value: Any) -> str:
-        cells = " | ".join(value(_case(cases, plugin, n)) for n, plugin in columns)
-        return f"| {label} | {cells} |"
-
-    def grpc(method: str) -> Any:
-        return lambda c: f"{c.grpc_ms[method]:.1f}" if method in c.grpc_ms else "-"
-
-    per_claim = [
-        per_case("claims per second (prepare + unprepare)", lambda c: f"{c.claims_per_second:.1f}"),
-        per_case("prepare, mean ms", lambda c: f"{_mean_ms(c.prepare):.1f}"),
-        per_case("of which the plugin's gRPC call, mean ms", grpc(PREPARE_METHOD)),
-        per_case("unprepare, mean ms", lambda c: f"{_mean_ms(c.unprepare):.1f}"),
-        per_case("of which the plugin's gRPC call, mean ms", grpc(UNPREPARE_METHOD)),
-        per_case("plugin process CPU per claim, ms", lambda c: f"{c.cpu_ms['plugin']:.1f}"),
-        per_case("kube-apiserver CPU per claim, ms", lambda c: f"{c.cpu_ms['kube-apiserver']:.1f}"),
-        per_case("kubelet DRA code CPU per claim, ms", lambda c: f"{c.cpu_ms['kubelet']:.1f}"),
-    ]
-    one, many = in_flights[0], in_flights[-1]
-    prepare_ratio = ratio(
-        _case(cases, OURS, one).prepare.pct(0.5), _case(cases, FLOOR, one).prepare.pct(0.5)
-    )
-    unprepare_ratio = ratio(
-        _case(cases, OURS, one).unprepare.pct(0.5), _case(cases, FLOOR, one).unprepare.pct(0.5)
-    )
-    many_prepare = ratio(
-        _case(cases, OURS, many).prepare.pct(0.5), _case(cases, FLOOR, many).prepare.pct(0.5)
-    )
-    many_unprepare = ratio(
-        _case(cases, OURS, many).unprepare.pct(0.5), _case(cases, FLOOR, many).unprepare.pct(0.5)
-    )
-    throughput = ratio(
-        _case(cases, FLOOR, many).claims_per_second, _case(cases, OURS, many).claims_per_second
-    )
-
-    def verdict(value: float, target: float) -> str:
-        return "meets" if value <= target else "misses"
-
-    load = (
-        f"The 1-minute load average, sampled every 5 s during the run, had a mean of "
-        f"{machine.load_mean:.1f} on these {machine.cpus} CPUs"
-        + (
-            ": the machine was busy with other work, so the absolute figures are slower "
-            "than on an idle machine; the ratios come from the same minutes, the two "
-            "plugins alternating."
-            if machine.load_mean > machine.cpus
-            else "."
-        )
-    )
-    return "\n".join(
-        [
-            HEADING,
-            "",
-            f"Command: `{command}` ({machine.started}; {machine.arch}, {machine.cpus} CPUs "
-            f"({machine.cpu_model}) shared by the control plane, the fake Thunder service, "
-            f"both plugins and the kubelet's DRA code; Python {machine.python}, "
-            f"{machine.go}, Kubernetes {machine.kubernetes} modules).",
-            "",
-            "What the kubelet waits on before a pod's containers start and when it ends, "
-            "measured with the kubelet's own code: `drabench` (hack/tools/kubeletbench) runs "
-            f"the DRA manager of Kubernetes {machine.kubernetes} (`pkg/kubelet/cm/dra`: "
-            "`dra.NewManager`, `PrepareResources` and `UnprepareResources` for a pod), with "
-            "the plugin registered by `pkg/kubelet/pluginmanager` from a `plugins_registry` "
-            "directory and the kubelet's client settings (protobuf, 50 QPS, burst 100). A "
-            "call's time is the manager's whole call for a pod with one claim: the claim "
-            "read from the API server, the manager's checkpoint and the plugin's gRPC call. "
-            '"ours" is the daemon process, set up as in the Daemon section (every prepare '
-            'a fresh enrollment, every unprepare its revocation). "floor" is `floorplugin`, '
-            "a DRA plugin on the upstream helper (`k8s.io/dynamic-resource-allocation/"
-            "kubeletplugin`) that returns a CDI device ID per device and writes nothing: "
-            "the helper reads the claim from the API server, calls are not serialized, its "
-            "client has no rate limit. It is the least any driver pays for the protocol "
-            "and the kubelet's own work. Both plugins run on the same simulated node "
-            "against the same claims, in one run, alternating: "
-            + ", ".join(f"{c.plugin} with {c.in_flight} in flight" for c in cases)
-            + f'. "{many} in flight": {many} pods at once, each prepared and then '
-            "unprepared before the next is taken.",
-            "",
-            "| call | in flight | calls (ours / floor) | ours p50 ms | floor p50 ms | ratio "
-            "| ours p99 ms | floor p99 ms | ratio |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-            *rows,
-            "",
-            f"| per case | {header} |",
-            "| --- |" + " ---: |" * len(columns),
-            *per_claim,
-            "",
-            "The gRPC rows are the kubelet's own `dra_grpc_operations_duration_seconds` "
-            "(sum over count) for the same calls: the plugin's share of each call, the "
-            "rest being the kubelet's own work (the claim read on prepare, the checkpoint "
-            "on both). CPU per claim is a "
-            "prepare plus an unprepare, from /proc/<pid>/stat over the timed calls.",
-            "",
-            "Ratios, ours over floor:",
-            "",
-            f"- one at a time, prepare p50 {_fmt_ratio(prepare_ratio)} (target "
-            f"<= {TARGET_PREPARE_RATIO:g}x: {verdict(prepare_ratio, TARGET_PREPARE_RATIO)}), "
-            f"unprepare p50 {_fmt_ratio(unprepare_ratio)} (target <= "
-            f"{TARGET_UNPREPARE_RATIO:g}x: {verdict(unprepare_ratio, TARGET_UNPREPARE_RATIO)});",
-            f"- {many} in flight, prepare p50 {_fmt_ratio(many_prepare)}, unprepare p50 "
-            f"{_fmt_ratio(many_unprepare)}; the floor completes {_fmt_ratio(throughput)} as "
-            "many claims per second.",
-            "",
-            load,
-            *(["", note] if note else []),
-            "",
-        ]
-    )
-
-
-def write_docs(section: str, path: Path = DOC) -> None:
-    """Replace the "Kubelet calls" section of docs/benchmarks.md (new: after "Daemon")."""
-    replace_section(path, HEADING, section, intro=INTRO, after="## Daemon")
+def export_tree(commit: str, directory: Path) -> Path:
+    """The tree of ``commit`` written to ``directory`` (``git archive | tar -x``)."""
+    directory.mkdir(parents=True)
+    archive = subprocess.Popen(["git", "-C", str(REPO), "archive", commit], stdout=subprocess.PIPE)
+    assert archive.stdout is not None
+    untar = subprocess.run(["tar", "-x", "-C", str(directory)], stdin=archive.stdout)
+    archive.stdout.close()
+    if archive.wait() != 0 or untar.returncode != 0:
+        raise SystemExit(f"exporting {commit} into {directory} failed")
+    return directory
 
 
 def build() -> Path:
@@ -350,6 +180,143 @@ class Floor:
         self._log_file.close()
 
 
+def binding_allocation(node: str) -> dict[str, Any]:
+    """The fields the scheduler adds to an allocation for enrollment before binding:
+    ``nodeSelector`` naming ``node`` (``bindsToNode``)."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {"nodeSelector": {"nodeSelectorTerms": [term]}}
+
+
+def dropped_binding_fields(claim: Mapping[str, Any], node: str) -> list[str]:
+    """The enrollment-before-binding fields of a claim's allocation that the API server
+    did not keep as written (it drops them without DRADeviceBindingConditions)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    dropped = []
+    if allocation.get("nodeSelector") != binding_allocation(node)["nodeSelector"]:
+        dropped.append("status.allocation.nodeSelector")
+    results = (allocation.get("devices") or {}).get("results") or []
+    for index, result in enumerate(results):
+        for field, value in BINDING_RESULT.items():
+            if result.get(field) != value:
+                dropped.append(f"status.allocation.devices.results[{index}].{field}")
+    return dropped if results else [*dropped, "status.allocation.devices.results"]
+
+
+def _driver_entries(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    devices = (claim.get("status") or {}).get("devices") or []
+    return [entry for entry in devices if entry.get("driver") == DRIVER]
+
+
+def enrollment(claim: Mapping[str, Any]) -> str | None:
+    """Whether the daemon has enrolled a claim before binding: "" when every entry of our
+    driver in ``status.devices`` says ``Enrolled`` True, the message of an
+    ``EnrollmentFailed`` True, None while it has not answered."""
+    entries = _driver_entries(claim)
+    for entry in entries:
+        for condition in entry.get("conditions") or []:
+            if condition.get("type") == ENROLLMENT_FAILED and condition.get("status") == "True":
+                return f"{condition.get('reason')}: {condition.get('message')}"
+    enrolled = [
+        any(
+            c.get("type") == ENROLLED and c.get("status") == "True"
+            for c in e.get("conditions") or []
+        )
+        for e in entries
+    ]
+    return "" if enrolled and all(enrolled) else None
+
+
+class BindingClaims:
+    """The claims of the enrollment-before-binding cases, read and reserved through the
+    API server."""
+
+    def __init__(self, env: Environment, claims: Sequence[Claim]) -> None:
+        assert env.cluster is not None
+        self.env = env
+        self.claims = list(claims)
+        self._api = config.new_client_from_config(config_file=str(env.cluster.kubeconfig))  # type: ignore[no-untyped-call]
+        self._custom = client.CustomObjectsApi(self._api)
+
+    def close(self) -> None:
+        self._api.close()
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """Each claim as stored, by name."""
+        names = {c.name for c in self.claims}
+        listed: Any = self._custom.list_namespaced_custom_object(
+            *GROUP_RESOURCE, self.env.namespace, "resourceclaims"
+        )
+        return {
+            item["metadata"]["name"]: item
+            for item in listed["items"]
+            if item["metadata"]["name"] in names
+        }
+
+    def check_kept(self) -> None:
+        """Fail unless the API server kept every claim's binding fields."""
+        stored = self.read()
+        for claim in self.claims:
+            dropped = dropped_binding_fields(stored.get(claim.name, {}), self.env.node)
+            if dropped:
+                raise SystemExit(
+                    f"the API server dropped {', '.join(dropped)} of ResourceClaim "
+                    f"{claim.namespace}/{claim.name}: enrollment before binding needs "
+                    "the DRADeviceBindingConditions feature (on by default from 1.36)"
+                )
+
+    def reserve_again(self) -> None:
+        """Reserve every claim for its pod again, as the scheduler does."""
+        for claim in self.claims:
+            body = {
+                "status": {
+                    "reservedFor": [{"resource": "pods", "name": claim.pod, "uid": claim.pod_uid}]
+                }
+            }
+            self._custom.patch_namespaced_custom_object_status(
+                *GROUP_RESOURCE, claim.namespace, "resourceclaims", claim.name, body
+            )
+
+    def wait_enrolled(self, log: Path) -> None:
+        """Wait (bounded) until the daemon has enrolled every claim."""
+        timeout = 60 + len(self.claims)
+        deadline = time.monotonic() + timeout
+        waiting: list[str] = []
+        while time.monotonic() < deadline:
+            stored = self.read()
+            waiting = []
+            for claim in self.claims:
+                state = enrollment(stored.get(claim.name, {}))
+                if state:
+                    raise SystemExit(
+                        f"the daemon failed to enroll ResourceClaim {claim.namespace}/"
+                        f"{claim.name} before binding ({state}); its log:\n"
+                        + supervise.log_tail(log, 30)
+                    )
+                if state is None:
+                    waiting.append(claim.name)
+            if not waiting:
+                return
+            time.sleep(0.5)
+        raise SystemExit(
+            f"after {timeout} s, {len(waiting)} of {len(self.claims)} claims have no "
+            f"{ENROLLED} True in status.devices (first: {', '.join(waiting[:5])}); the "
+            f"daemon's log:\n{supervise.log_tail(log, 30)}"
+        )
+
+    def wait_unprepared(self) -> None:
+        """Wait (bounded) until the daemon's status writer has removed every claim's
+        entries after its unprepare, so a claim reserved again is seen to wait."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            stored = self.read()
+            if not any(_driver_entries(stored.get(c.name, {})) for c in self.claims):
+                return
+            time.sleep(0.5)
+        raise SystemExit(
+            "after 60 s the daemon still has status.devices entries on unprepared claims"
+        )
+
+
 def drive(
     drabench: Path,
     env: Environment,
@@ -358,8 +325,13 @@ def drive(
     pods: Path,
     in_flight: int,
     name: str,
+    *,
+    warmup: Path | None = None,
+    end_reservations: bool = False,
 ) -> dict[str, Any]:
-    """One drabench run against the plugin registered in ``registry``; its JSON result."""
+    """One drabench run against the plugin registered in ``registry``; its JSON result.
+    ``warmup``: the pods of the untimed warm-up cycles (else the first of ``pods``);
+    ``end_reservations``: each pod's reservation removed between its two calls."""
     assert env.cluster is not None
     state = env.root / f"kubelet-{name}"
     state.mkdir()
@@ -372,9 +344,14 @@ def drive(
         "--state-dir", str(state),
         "--claims", str(pods),
         "--in-flight", str(in_flight),
+        "--warmup", str(WARMUP),
         "--cpu", f"plugin={plugin_pid}",
         "--cpu", f"kube-apiserver={env.cluster.pids['kube-apiserver']}",
     ]  # fmt: skip
+    if warmup is not None:
+        command += ["--warmup-claims", str(warmup)]
+    if end_reservations:
+        command.append("--end-reservations")
     with log.open("wb") as stderr:
         done = subprocess.run(
             command,
@@ -408,52 +385,121 @@ def load_sampler(every: float = 5.0) -> Iterator[list[float]]:
         samples.append(os.getloadavg()[0])
 
 
+def run_cases(
+    env: Environment,
+    bin_dir: Path,
+    workdir: Path,
+    in_flights: Sequence[int],
+    baseline: Baseline | None,
+) -> list[Case]:
+    """Every case, in order: before (with a baseline), ours and floor for each number in
+    flight, then ours enrolled before binding for each."""
+    assert env.cluster is not None
+    assert env.fake is not None
+    clock_ticks = os.sysconf("SC_CLK_TCK")
+    drabench = bin_dir / "drabench"
+    binding = BindingClaims(
+        env,
+        env.add_claims(
+            WARMUP + env.count,
+            "bind-",
+            allocation=binding_allocation(env.node),
+            result=BINDING_RESULT,
+            pod_spec=WAITING_POD,
+        ),
+    )
+    cases: list[Case] = []
+    floor: Floor | None = None
+    try:
+        binding.check_kept()
+        plugins: dict[str, tuple[Path, int]] = {}
+        if baseline is not None:
+            source = export_tree(baseline.commit, workdir / "before-source")
+            before = env.spawn_daemon(env.root / BEFORE, source=source)
+            plugins[BEFORE] = (env.root / BEFORE / "plugins_registry", before.pid)
+        plugins[OURS] = (env.root / "plugins_registry", env.start_daemon())
+        floor = Floor(bin_dir / "floorplugin", env.root / "floor", env.cluster.kubeconfig, env.node)
+        plugins[FLOOR] = (floor.registry, floor.process.pid)
+        pods = pods_file(env.claims, env.root / "pods.json")
+        for in_flight in in_flights:
+            for plugin, (registry, pid) in plugins.items():
+                name = f"{plugin}-{in_flight}"
+                raw = drive(drabench, env, registry, pid, pods, in_flight, name)
+                cases.append(parse_case(plugin, raw, clock_ticks))
+                print(f"{plugin}, {in_flight} in flight: done", file=sys.stderr)
+
+        assert env.daemon is not None
+        env.stop_daemon(env.daemon)
+        env.daemon = env.spawn_daemon(env.root, extra_args=["--enroll-before-binding"])
+        warmup = pods_file(binding.claims[:WARMUP], env.root / "bind-warmup.json")
+        timed = pods_file(binding.claims[WARMUP:], env.root / "bind-pods.json")
+        for index, in_flight in enumerate(in_flights):
+            if index:
+                binding.wait_unprepared()
+                binding.reserve_again()
+            binding.wait_enrolled(env.root / "daemon.log")
+            writes_before = len(env.fake.admin.writes())
+            raw = drive(
+                drabench,
+                env,
+                env.root / "plugins_registry",
+                env.daemon.pid,
+                timed,
+                in_flight,
+                f"ours-binding-{in_flight}",
+                warmup=warmup,
+                end_reservations=True,
+            )
+            minted = [
+                w
+                for w in env.fake.admin.writes()[writes_before:]
+                if w["method"] == "POST" and w["path"] == MINT_PATH
+            ]
+            if minted:
+                raise SystemExit(
+                    f"the fake Thunder service saw {len(minted)} enrollments during drabench's "
+                    f"run of {OURS_BINDING} with {in_flight} in flight: its figures would "
+                    "include enrollments, not only the checks of claims enrolled before binding"
+                )
+            cases.append(parse_case(OURS_BINDING, raw, clock_ticks))
+            print(f"{OURS_BINDING}, {in_flight} in flight: done", file=sys.stderr)
+    finally:
+        binding.close()
+        if floor is not None:
+            floor.stop()
+    return cases
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.kubelet_calls", description=__doc__)
     parser.add_argument("--claims", type=int, default=100, help="calls per case")
     parser.add_argument("--in-flight", type=int, default=20)
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help='a git ref whose daemon runs beside ours as "before", in the same run',
+    )
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument(
         "--note", default="", help="a paragraph for the section, e.g. what else ran meanwhile"
     )
     args = parser.parse_args(argv)
+    baseline = resolve_baseline(args.baseline) if args.baseline else None
     bin_dir = build()
     started = datetime.now(UTC)
-    clock_ticks = os.sysconf("SC_CLK_TCK")
-    cases: list[Case] = []
     with (
         load_sampler() as load,
         tempfile.TemporaryDirectory(prefix="bench-kubelet-") as workdir,
         Environment(args.claims, Path(workdir)) as env,
     ):
         env.prepare_cluster()
-        assert env.cluster is not None
-        daemon_pid = env.start_daemon()
-        floor = Floor(bin_dir / "floorplugin", env.root / "floor", env.cluster.kubeconfig, env.node)
-        try:
-            pods = pods_file(env.claims, env.root / "pods.json")
-            plugins = {
-                OURS: (env.root / "plugins_registry", daemon_pid),
-                FLOOR: (floor.registry, floor.process.pid),
-            }
-            for in_flight in (1, args.in_flight):
-                for plugin, (registry, pid) in plugins.items():
-                    raw = drive(
-                        bin_dir / "drabench",
-                        env,
-                        registry,
-                        pid,
-                        pods,
-                        in_flight,
-                        f"{plugin}-{in_flight}",
-                    )
-                    cases.append(parse_case(plugin, raw, clock_ticks))
-                    print(f"{plugin}, {in_flight} in flight: done", file=sys.stderr)
-        finally:
-            floor.stop()
+        in_flights = sorted({1, args.in_flight})
+        cases = run_cases(env, bin_dir, Path(workdir), in_flights, baseline)
     machine = Machine.describe(started, sum(load) / len(load))
     command = command_line("bench.kubelet_calls", args, ["claims", "in_flight"])
-    section = render(cases, machine, command + " --write-docs", args.note)
+    if baseline is not None:
+        command += f" --baseline {baseline.commit}"
+    section = render(cases, machine, command + " --write-docs", args.note, baseline)
     print(section)
     if args.write_docs:
         write_docs(section)

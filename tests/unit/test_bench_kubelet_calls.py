@@ -1,6 +1,9 @@
 """The kubelet-calls benchmark's arithmetic and its section of docs/benchmarks.md: figures
 from drabench's JSON become the right percentiles, ratios, CPU per claim and verdicts, and
-the section lands after the daemon's, replacing itself on the next run."""
+the section lands after the daemon's, replacing itself on the next run. With a baseline
+the earlier commit's daemon ("before") stands beside ours; the enrollment-before-binding
+cases get their row and their verdict against the target; the bench recognises a claim
+whose binding fields the API server dropped and one the daemon has enrolled."""
 
 from __future__ import annotations
 
@@ -9,16 +12,22 @@ from pathlib import Path
 from typing import Any
 
 from bench.docsection import INTRO
-from bench.kubelet_calls import (
+from bench.kubelet_calls import binding_allocation, dropped_binding_fields, enrollment
+from bench.kubelet_report import (
+    BEFORE,
     FLOOR,
     OURS,
+    OURS_BINDING,
+    Baseline,
     Case,
     Machine,
+    against,
     kubernetes_version,
     parse_case,
     render,
     write_docs,
 )
+from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED
 
 MACHINE = Machine(
     started="2026-12-02 17:00 UTC",
@@ -58,6 +67,25 @@ def _cases() -> list[Case]:
         parse_case(FLOOR, _raw(1, 10.0, 2.0), clock_ticks=100),
         parse_case(OURS, _raw(20, 800.0, 600.0), clock_ticks=100),
         parse_case(FLOOR, _raw(20, 100.0, 20.0), clock_ticks=100),
+    ]
+
+
+BASELINE = Baseline(commit="abc1234", subject="Prepare: fewer API calls")
+
+
+def _with_before() -> list[Case]:
+    """The cases in the order of a run with a baseline: before, ours, floor, 1 in flight
+    then 20."""
+    ours_1, floor_1, ours_20, floor_20 = _cases()
+    before_1 = parse_case(BEFORE, _raw(1, 100.0, 15.0), clock_ticks=100)
+    before_20 = parse_case(BEFORE, _raw(20, 800.0, 600.0), clock_ticks=100)
+    return [before_1, ours_1, floor_1, before_20, ours_20, floor_20]
+
+
+def _binding(one_ms: float = 12.0, many_ms: float = 200.0) -> list[Case]:
+    return [
+        parse_case(OURS_BINDING, _raw(1, one_ms, 30.0), clock_ticks=100),
+        parse_case(OURS_BINDING, _raw(20, many_ms, 600.0), clock_ticks=100),
     ]
 
 
@@ -125,3 +153,140 @@ def test_the_section_goes_after_the_daemons_and_replaces_itself(tmp_path: Path) 
 def test_the_kubernetes_version_is_the_go_modules() -> None:
     go_mod = Path(__file__).resolve().parents[2] / "hack" / "tools" / "kubeletbench" / "go.mod"
     assert kubernetes_version(go_mod) == "v1.37.2"
+
+
+def test_without_a_baseline_or_binding_cases_the_section_has_neither() -> None:
+    section = render(_cases(), MACHINE, "cmd")
+    assert "| call | in flight | calls (ours / floor) | ours p50 ms | floor p50 ms | ratio |" in (
+        section
+    )
+    assert '"before"' not in section
+    assert "ours against before" not in section
+    assert "enrolled before binding" not in section
+    assert "Both plugins run on the same simulated node" in section
+
+
+def test_with_a_baseline_before_stands_beside_ours_with_its_own_ratio_over_the_floor() -> None:
+    section = render(_with_before(), MACHINE, "cmd", baseline=BASELINE)
+    assert (
+        "| call | in flight | calls (before / ours / floor) | before p50 ms | ours p50 ms "
+        "| floor p50 ms | before / floor | ours / floor | before p99 ms | ours p99 ms "
+        "| floor p99 ms | before / floor | ours / floor |"
+    ) in section
+    assert (
+        "| prepare | 1 | 100 / 100 / 100 | 100.0 | 50.0 | 10.0 | 10x | 5.0x "
+        "| 100.0 | 50.0 | 10.0 | 10x | 5.0x |"
+    ) in section
+    assert "| unprepare | 1 | 100 / 100 / 100 | 15.0 | 30.0 | 2.0 | 7.5x | 15x |" in section
+    assert (
+        "| per case | before, 1 in flight | ours, 1 in flight | floor, 1 in flight "
+        "| before, 20 in flight | ours, 20 in flight | floor, 20 in flight |"
+    ) in section
+    assert "| of which the plugin's gRPC call, mean ms | 50.0 | 25.0 | 5.0 | 400.0 |" in section
+    assert '"before" is the daemon of commit `abc1234` ("Prepare: fewer API calls")' in section
+    assert "All three plugins run on the same simulated node" in section
+    assert "alternating: before with 1 in flight, ours with 1 in flight, floor with 1" in section
+    # The verdicts stay ours over the floor.
+    assert "prepare p50 5.0x (target <= 2.5x: misses)" in section
+
+
+def test_ours_against_before_says_faster_or_slower_for_each_call() -> None:
+    section = render(_with_before(), MACHINE, "cmd", baseline=BASELINE)
+    assert (
+        "ours against before: prepare p50 2.0x faster and unprepare p50 2.0x slower one at "
+        "a time; prepare p50 as fast (1.0x) and unprepare p50 as fast (1.0x) with 20 in "
+        "flight."
+    ) in section
+
+
+def test_against_compares_latencies_within_rounding() -> None:
+    assert against(100.0, 50.0) == "2.0x faster"
+    assert against(50.0, 60.0) == "1.2x slower"
+    assert against(50.0, 51.0) == "as fast (1.0x)"
+    assert against(300.0, 10.0) == "30x faster"
+    assert against(0.0, 10.0) == "not comparable"
+
+
+def test_the_binding_row_is_ours_over_the_floors_prepare_with_its_verdict() -> None:
+    section = render(_cases() + _binding(), MACHINE, "cmd")
+    assert (
+        "| prepare, enrolled before binding | 1 | 100 / 100 | 12.0 | 10.0 | 1.2x "
+        "| 12.0 | 10.0 | 1.2x |"
+    ) in section
+    assert "| prepare, enrolled before binding | 20 | 100 / 100 | 200.0 | 100.0 | 2.0x |" in (
+        section
+    )
+    assert (
+        "- enrolled before binding, one at a time, prepare p50 1.2x (target <= 1.5x: meets); "
+        "20 in flight, prepare p50 2.0x (target <= 1.5x: misses)."
+    ) in section
+    assert "the floor completes 12x as many claims per second;" in section
+    assert (
+        f'"{OURS_BINDING}", run last with 1 and then 20 in flight, is ours restarted with '
+        "`--enroll-before-binding` against 100 claims of its own"
+    ) in section
+    assert "alternating: ours with 1 in flight, floor with 1 in flight, ours with 20" in section
+    assert "ours, enrolled before binding, 1 in flight |" in section
+
+
+def test_a_binding_prepare_over_the_target_misses_it() -> None:
+    section = render(_cases() + _binding(one_ms=16.0)[:1], MACHINE, "cmd")
+    assert (
+        "- enrolled before binding, one at a time, prepare p50 1.6x (target <= 1.5x: misses)."
+        in (section)
+    )
+
+
+def test_with_a_baseline_the_binding_row_leaves_before_empty() -> None:
+    section = render(_with_before() + _binding(), MACHINE, "cmd", baseline=BASELINE)
+    assert (
+        "| prepare, enrolled before binding | 1 | - / 100 / 100 | - | 12.0 | 10.0 | - | 1.2x "
+        "| - | 12.0 | 10.0 | - | 1.2x |"
+    ) in section
+
+
+def _binding_claim(**result: Any) -> dict[str, Any]:
+    return {
+        "status": {
+            "allocation": {
+                **binding_allocation("node-a"),
+                "devices": {"results": [{"driver": "thundercompute.com", **result}]},
+            }
+        }
+    }
+
+
+def test_binding_fields_the_api_server_dropped_are_named() -> None:
+    kept = _binding_claim(
+        bindingConditions=[ENROLLED], bindingFailureConditions=[ENROLLMENT_FAILED]
+    )
+    assert dropped_binding_fields(kept, "node-a") == []
+    assert dropped_binding_fields(_binding_claim(), "node-a") == [
+        "status.allocation.devices.results[0].bindingConditions",
+        "status.allocation.devices.results[0].bindingFailureConditions",
+    ]
+    assert dropped_binding_fields(kept, "node-b") == ["status.allocation.nodeSelector"]
+
+
+def _entry(*conditions: tuple[str, str]) -> dict[str, Any]:
+    return {
+        "status": {
+            "devices": [
+                {"driver": "other.example.com", "conditions": []},
+                {
+                    "driver": "thundercompute.com",
+                    "conditions": [
+                        {"type": kind, "status": status, "reason": "R", "message": "M"}
+                        for kind, status in conditions
+                    ],
+                },
+            ]
+        }
+    }
+
+
+def test_a_claim_is_enrolled_once_its_entry_says_enrolled() -> None:
+    assert enrollment({"status": {}}) is None
+    assert enrollment(_entry(("Ready", "True"))) is None
+    assert enrollment(_entry(("Ready", "True"), (ENROLLED, "True"))) == ""
+    assert enrollment(_entry(("Ready", "False"), (ENROLLMENT_FAILED, "True"))) == "R: M"

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from bench.kubelet_calls import Floor, build, parse_case
+from bench.kubelet_calls import Floor, build
+from bench.kubelet_report import parse_case
 from hack.cluster import Cluster
 from hack.testbed.kube import Kube
 
@@ -131,3 +132,42 @@ def test_drabench_prepares_and_unprepares_through_the_floor_plugin(
     # Every claim was unprepared: the manager's checkpoint holds no claim.
     checkpoint = json.loads((state / "dra_manager_state").read_text())
     assert "claim-" not in json.dumps(checkpoint)
+
+
+def test_drabench_ends_reservations_between_the_calls_and_warms_up_on_its_own_pods(
+    programs: Path, cluster: Cluster, kube: Kube, workdir: Path
+) -> None:
+    node = f"kubeletbench-{uuid.uuid4().hex[:8]}"
+    with kube.namespace("kubeletbench-ends") as namespace:
+        timed = [_reserved_claim(kube, namespace, i) for i in range(CLAIMS)]
+        warmup = [_reserved_claim(kube, namespace, CLAIMS + i) for i in range(2)]
+        (workdir / "pods.json").write_text(json.dumps(timed))
+        (workdir / "warmup.json").write_text(json.dumps(warmup))
+        floor = Floor(programs / "floorplugin", workdir / "floor", cluster.kubeconfig, node)
+        try:
+            state = workdir / "kubelet"
+            state.mkdir()
+            command = [
+                str(programs / "drabench"),
+                "--kubeconfig", str(cluster.kubeconfig),
+                "--node", node,
+                "--registry-dir", str(floor.registry),
+                "--state-dir", str(state),
+                "--claims", str(workdir / "pods.json"),
+                "--warmup-claims", str(workdir / "warmup.json"),
+                "--end-reservations",
+                "--in-flight", "2",
+            ]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        finally:
+            floor.stop()
+        assert done.returncode == 0, done.stderr[-3000:]
+        raw = json.loads(done.stdout)
+        # The warm-up took its own pods: every pod of --claims was timed.
+        assert len(raw["prepare_s"]) == len(raw["unprepare_s"]) == CLAIMS
+        assert raw["grpc"]["NodePrepareResources"]["count"] == CLAIMS
+        claims = kube.resource("resource.k8s.io/v1", "ResourceClaim")
+        for pod in timed + warmup:
+            found = claims.get(name=pod["claim"], namespace=namespace).to_dict()
+            assert not (found.get("status") or {}).get("reservedFor"), pod["claim"]
+            assert (found.get("status") or {}).get("allocation"), pod["claim"]

@@ -5,12 +5,18 @@
 // containers' start, without the rest of the kubelet.
 //
 //	drabench --kubeconfig K --node N --registry-dir D --state-dir S --claims claims.json \
-//	    --in-flight 20 [--warmup 2] [--cpu daemon=1234 --cpu kube-apiserver=5678]
+//	    --in-flight 20 [--warmup 2] [--warmup-claims warmup.json] [--end-reservations] \
+//	    [--cpu daemon=1234 --cpu kube-apiserver=5678]
 //
 // claims.json lists {"namespace", "claim", "pod", "pod_uid"} objects: each pod is given to
 // the manager with one pod claim naming its ResourceClaim (which must list the pod in
 // status.reservedFor). --in-flight workers each prepare a pod's claims and then unprepare
-// them, taking the next pod until all are done. The result, one JSON object on stdout,
+// them, taking the next pod until all are done. The untimed warm-up cycles take the first
+// --warmup pods of claims.json, or those of --warmup-claims. With --end-reservations each
+// pod's reservation is removed from its claim between the prepare and the unprepare,
+// outside both timed calls, as the resourceclaim controller removes it once a pod has
+// ended: a plugin that acts on reserved claims by itself (enrollment before binding) then
+// leaves an unprepared claim alone. The result, one JSON object on stdout,
 // has every call's seconds, the wall time, the CPU ticks of the named processes and of
 // this one over the timed part, and the kubelet's own gRPC metric for the same span.
 package main
@@ -164,28 +170,60 @@ func podFor(c PodClaim) *v1.Pod {
 	}
 }
 
+// between is what happens to a pod after its prepare and before its unprepare, untimed.
+type between func(ctx context.Context, c PodClaim) error
+
 // cycle prepares a pod's claims and then unprepares them, as the kubelet does when a pod
-// starts and when it ends.
-func cycle(ctx context.Context, manager *dra.Manager, c PodClaim) (time.Duration, time.Duration, error) {
+// starts and when it ends; ended (when not nil) runs in between, outside both timings.
+func cycle(ctx context.Context, manager *dra.Manager, c PodClaim, ended between) (time.Duration, time.Duration, error) {
 	pod := podFor(c)
 	started := time.Now()
 	if err := manager.PrepareResources(ctx, pod); err != nil {
 		return 0, 0, fmt.Errorf("pod %s/%s: %w", c.Namespace, c.Pod, err)
 	}
-	prepared := time.Now()
+	prepare := time.Since(started)
+	if ended != nil {
+		if err := ended(ctx, c); err != nil {
+			return 0, 0, fmt.Errorf("pod %s/%s: %w", c.Namespace, c.Pod, err)
+		}
+	}
+	unprepared := time.Now()
 	if err := manager.UnprepareResources(ctx, pod); err != nil {
 		return 0, 0, fmt.Errorf("pod %s/%s: %w", c.Namespace, c.Pod, err)
 	}
-	return prepared.Sub(started), time.Since(prepared), nil
+	return prepare, time.Since(unprepared), nil
+}
+
+// endReservation removes the pod from its claim's status.reservedFor (a strategic merge
+// patch deleting the entry of the pod's UID), as the resourceclaim controller does once
+// the pod has ended. Its client is not the manager's, so the kubelet's rate limit is
+// spent on the kubelet's own requests only.
+func endReservation(client kubernetes.Interface) between {
+	return func(ctx context.Context, c PodClaim) error {
+		patch, err := json.Marshal(map[string]any{
+			"status": map[string]any{
+				"reservedFor": []map[string]string{{"$patch": "delete", "uid": c.PodUID}},
+			},
+		})
+		if err != nil {
+			return err
+		}
+		_, err = client.ResourceV1().ResourceClaims(c.Namespace).Patch(
+			ctx, c.Claim, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+		if err != nil {
+			return fmt.Errorf("ending the reservation of claim %s: %w", c.Claim, err)
+		}
+		return nil
+	}
 }
 
 // waitRegistered retries the first cycle until the plugin manager has registered the
 // driver: a pod whose driver is not registered fails the manager's validation pass before
 // anything is recorded, so the retry starts clean.
-func waitRegistered(ctx context.Context, manager *dra.Manager, c PodClaim, timeout time.Duration) error {
+func waitRegistered(ctx context.Context, manager *dra.Manager, c PodClaim, ended between, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		_, _, err := cycle(ctx, manager, c)
+		_, _, err := cycle(ctx, manager, c, ended)
 		if err == nil {
 			return nil
 		}
@@ -196,17 +234,32 @@ func waitRegistered(ctx context.Context, manager *dra.Manager, c PodClaim, timeo
 	}
 }
 
-func run(ctx context.Context, opts options) (*Result, error) {
-	raw, err := os.ReadFile(opts.claims)
+// readClaims reads a JSON file of pods and their claims; it must list at least one.
+func readClaims(path string) ([]PodClaim, error) {
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
 	var claims []PodClaim
 	if err := json.Unmarshal(raw, &claims); err != nil {
-		return nil, fmt.Errorf("%s: %w", opts.claims, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if len(claims) == 0 {
-		return nil, fmt.Errorf("%s lists no claims", opts.claims)
+		return nil, fmt.Errorf("%s lists no claims", path)
+	}
+	return claims, nil
+}
+
+func run(ctx context.Context, opts options) (*Result, error) {
+	claims, err := readClaims(opts.claims)
+	if err != nil {
+		return nil, err
+	}
+	warmup := claims
+	if opts.warmupClaims != "" {
+		if warmup, err = readClaims(opts.warmupClaims); err != nil {
+			return nil, err
+		}
 	}
 
 	restConfig, err := clientcmd.BuildConfigFromFlags("", opts.kubeconfig)
@@ -221,6 +274,18 @@ func run(ctx context.Context, opts options) (*Result, error) {
 	client, err := kubernetes.NewForConfig(restConfig)
 	if err != nil {
 		return nil, err
+	}
+
+	var ended between
+	if opts.endReservations {
+		controllerConfig := *restConfig
+		controllerConfig.QPS, controllerConfig.Burst = 1000, 1000
+		controllerConfig.UserAgent = "drabench-claim-controller"
+		controller, err := kubernetes.NewForConfig(&controllerConfig)
+		if err != nil {
+			return nil, err
+		}
+		ended = endReservation(controller)
 	}
 
 	kubeletmetrics.Register()
@@ -248,12 +313,12 @@ func run(ctx context.Context, opts options) (*Result, error) {
 	go plugins.Run(ctx, sources, stop)
 
 	started := time.Now()
-	if err := waitRegistered(ctx, manager, claims[0], opts.registerTimeout); err != nil {
+	if err := waitRegistered(ctx, manager, warmup[0], ended, opts.registerTimeout); err != nil {
 		return nil, fmt.Errorf("first prepare: %w", err)
 	}
 	registered := time.Since(started).Seconds()
-	for i := 1; i < opts.warmup && i < len(claims); i++ {
-		if _, _, err := cycle(ctx, manager, claims[i]); err != nil {
+	for i := 1; i < opts.warmup && i < len(warmup); i++ {
+		if _, _, err := cycle(ctx, manager, warmup[i], ended); err != nil {
 			return nil, fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -288,7 +353,7 @@ func run(ctx context.Context, opts options) (*Result, error) {
 				c := claims[next]
 				next++
 				mutex.Unlock()
-				prepare, unprepare, err := cycle(ctx, manager, c)
+				prepare, unprepare, err := cycle(ctx, manager, c, ended)
 				mutex.Lock()
 				if err != nil {
 					errs = append(errs, err)
@@ -332,6 +397,8 @@ type options struct {
 	registryDir     string
 	stateDir        string
 	claims          string
+	warmupClaims    string
+	endReservations bool
 	inFlight        int
 	warmup          int
 	qps             float64
@@ -350,6 +417,8 @@ func main() {
 	flag.StringVar(&opts.claims, "claims", "", "JSON file of pods and their claims")
 	flag.IntVar(&opts.inFlight, "in-flight", 1, "pods prepared and unprepared at once")
 	flag.IntVar(&opts.warmup, "warmup", 2, "untimed cycles before the timed part; at least one is run, as it waits for the registration")
+	flag.StringVar(&opts.warmupClaims, "warmup-claims", "", "JSON file of pods and their claims for the warm-up cycles (default: the first --warmup of --claims)")
+	flag.BoolVar(&opts.endReservations, "end-reservations", false, "remove each pod from its claim's status.reservedFor between its prepare and its unprepare, untimed, as the resourceclaim controller does once a pod has ended")
 	flag.Float64Var(&opts.qps, "kube-api-qps", 50, "client rate limit (the kubelet's default kubeAPIQPS)")
 	flag.IntVar(&opts.burst, "kube-api-burst", 100, "client burst (the kubelet's default kubeAPIBurst)")
 	flag.DurationVar(&opts.registerTimeout, "register-timeout", 60*time.Second, "how long to wait for the plugin's registration")

@@ -1,0 +1,383 @@
+"""The kubelet-calls benchmark's results and its section of docs/benchmarks.md: the cases
+drabench measured (:class:`Case`), the machine they ran on, and the rendering of the
+latency and per-case tables, ratios and verdicts against the targets.
+
+Kept apart from :mod:`bench.kubelet_calls`, which sets up the plugins and drives them, so
+the arithmetic and the text can be tested without a cluster."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench.daemon_prepare import Series
+from bench.docsection import DOC, INTRO, replace_section
+from thunder_dra.kube.binding import ENROLLED
+
+REPO = Path(__file__).resolve().parents[1]
+GO_MODULE = REPO / "hack" / "tools" / "kubeletbench"
+HEADING = "## Kubelet calls"
+OURS = "ours"
+FLOOR = "floor"
+BEFORE = "before"
+OURS_BINDING = "ours, enrolled before binding"
+"""The plugin name of the cases of ours with ``--enroll-before-binding``."""
+TARGET_PREPARE_RATIO = 2.5
+TARGET_UNPREPARE_RATIO = 3.0
+TARGET_BINDING_RATIO = 1.5
+PREPARE_METHOD = "NodePrepareResources"
+UNPREPARE_METHOD = "NodeUnprepareResources"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One drabench run: one plugin, one number of pods in flight."""
+
+    plugin: str
+    in_flight: int
+    prepare: Series
+    unprepare: Series
+    wall_s: float
+    cpu_ms: dict[str, float]
+    """CPU time per prepare + unprepare of one claim: "plugin", "kube-apiserver", "kubelet"."""
+    grpc_ms: dict[str, float]
+    """The kubelet's gRPC metric: mean milliseconds per call, by method."""
+
+    @property
+    def calls(self) -> int:
+        return len(self.prepare.seconds)
+
+    @property
+    def claims_per_second(self) -> float:
+        return self.calls / self.wall_s
+
+
+def parse_case(plugin: str, raw: dict[str, Any], clock_ticks: int) -> Case:
+    """A Case from drabench's JSON result (CPU in clock ticks of ``clock_ticks`` per second)."""
+    calls = len(raw["prepare_s"])
+    names = {"plugin": "plugin", "kube-apiserver": "kube-apiserver", "drabench": "kubelet"}
+    cpu = {
+        label: raw["cpu_ticks"][name] / clock_ticks / calls * 1000 for name, label in names.items()
+    }
+    grpc = {
+        method: totals["sum_s"] / totals["count"] * 1000
+        for method, totals in raw["grpc"].items()
+        if totals["count"]
+    }
+    in_flight = raw["in_flight"]
+    return Case(
+        plugin=plugin,
+        in_flight=in_flight,
+        prepare=Series(f"prepare, {in_flight} in flight", list(raw["prepare_s"])),
+        unprepare=Series(f"unprepare, {in_flight} in flight", list(raw["unprepare_s"])),
+        wall_s=raw["wall_s"],
+        cpu_ms=cpu,
+        grpc_ms=grpc,
+    )
+
+
+@dataclass(frozen=True)
+class Machine:
+    started: str
+    arch: str
+    cpus: int
+    cpu_model: str
+    python: str
+    go: str
+    kubernetes: str
+    load_mean: float
+
+    @staticmethod
+    def describe(started: datetime, load_mean: float) -> Machine:
+        model = ""
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+        go = subprocess.run(
+            ["go", "env", "GOVERSION"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        return Machine(
+            started=started.strftime("%Y-%m-%d %H:%M UTC"),
+            arch=platform.machine(),
+            cpus=os.cpu_count() or 1,
+            cpu_model=model,
+            python=platform.python_version(),
+            go=go,
+            kubernetes=kubernetes_version(GO_MODULE / "go.mod"),
+            load_mean=load_mean,
+        )
+
+
+def kubernetes_version(go_mod: Path) -> str:
+    """The k8s.io/kubernetes version a go.mod requires."""
+    for line in go_mod.read_text().splitlines():
+        fields = line.replace("require", "").split()
+        if len(fields) >= 2 and fields[0] == "k8s.io/kubernetes":
+            return fields[1]
+    raise SystemExit(f"{go_mod} does not require k8s.io/kubernetes")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The commit whose daemon runs as "before"."""
+
+    commit: str
+    """Its short hash."""
+    subject: str
+
+
+def ratio(ours: float, floor: float) -> float:
+    return ours / floor if floor > 0 else float("inf")
+
+
+def _case(cases: Sequence[Case], plugin: str, in_flight: int) -> Case:
+    return next(c for c in cases if c.plugin == plugin and c.in_flight == in_flight)
+
+
+def _mean_ms(series: Series) -> float:
+    return statistics.fmean(series.seconds) * 1000
+
+
+def _fmt_ratio(value: float) -> str:
+    return f"{value:.1f}x" if value < 10 else f"{value:.0f}x"
+
+
+def against(before: float, ours: float) -> str:
+    """How ours compares with before, from their latencies: "2.0x faster", "1.5x slower",
+    "as fast (1.0x)" within rounding."""
+    if ours <= 0 or before <= 0:
+        return "not comparable"
+    factor = _fmt_ratio(max(before, ours) / min(before, ours))
+    if factor == _fmt_ratio(1.0):
+        return f"as fast ({factor})"
+    return f"{factor} faster" if before > ours else f"{factor} slower"
+
+
+def _verdict(value: float, target: float) -> str:
+    return "meets" if value <= target else "misses"
+
+
+def _latency_row(call: str, n: int, compared: dict[str, Series | None], floor: Series) -> str:
+    """One line of the latency table: calls, then p50 and p99 of each compared plugin, the
+    floor's and each one's ratio over the floor ("-" for a plugin without the case)."""
+    calls = " / ".join(
+        [str(len(s.seconds)) if s else "-" for s in compared.values()] + [str(len(floor.seconds))]
+    )
+    cells = [call, str(n), calls]
+    for q in (0.5, 0.99):
+        cells += [f"{s.pct(q):.1f}" if s else "-" for s in compared.values()]
+        cells.append(f"{floor.pct(q):.1f}")
+        cells += [
+            _fmt_ratio(ratio(s.pct(q), floor.pct(q))) if s else "-" for s in compared.values()
+        ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _latency_header(compared: Sequence[str]) -> list[str]:
+    names = " / ".join([*compared, FLOOR])
+    ratios = ["ratio"] if len(compared) == 1 else [f"{p} / {FLOOR}" for p in compared]
+    cells = ["call", "in flight", f"calls ({names})"]
+    for q in ("p50", "p99"):
+        cells += [f"{p} {q} ms" for p in compared] + [f"{FLOOR} {q} ms"] + ratios
+    return [
+        "| " + " | ".join(cells) + " |",
+        "| --- | ---: |" + " ---: |" * (len(cells) - 2),
+    ]
+
+
+def render(
+    cases: Sequence[Case],
+    machine: Machine,
+    command: str,
+    note: str = "",
+    baseline: Baseline | None = None,
+) -> str:
+    """The "Kubelet calls" section of docs/benchmarks.md; with ``baseline``, "before"
+    beside ours; with cases of :data:`OURS_BINDING`, the enrollment-before-binding rows."""
+    compared = [BEFORE, OURS] if baseline else [OURS]
+    in_flights = sorted({c.in_flight for c in cases if c.plugin != OURS_BINDING})
+    binding_flights = sorted({c.in_flight for c in cases if c.plugin == OURS_BINDING})
+    rows = []
+    for call in ("prepare", "unprepare"):
+        for n in in_flights:
+            series = {p: getattr(_case(cases, p, n), call) for p in compared}
+            rows.append(_latency_row(call, n, series, getattr(_case(cases, FLOOR, n), call)))
+    for n in binding_flights:
+        binding = {
+            p: _case(cases, OURS_BINDING, n).prepare if p == OURS else None for p in compared
+        }
+        floor_prepare = _case(cases, FLOOR, n).prepare
+        rows.append(_latency_row("prepare, enrolled before binding", n, binding, floor_prepare))
+    columns = [(n, plugin) for n in in_flights for plugin in (*compared, FLOOR)]
+    columns += [(n, OURS_BINDING) for n in binding_flights]
+    header = " | ".join(f"{plugin}, {n} in flight" for n, plugin in columns)
+
+    def per_case(label: str, value: Any) -> str:
+        cells = " | ".join(value(_case(cases, plugin, n)) for n, plugin in columns)
+        return f"| {label} | {cells} |"
+
+    def grpc(method: str) -> Any:
+        return lambda c: f"{c.grpc_ms[method]:.1f}" if method in c.grpc_ms else "-"
+
+    per_claim = [
+        per_case("claims per second (prepare + unprepare)", lambda c: f"{c.claims_per_second:.1f}"),
+        per_case("prepare, mean ms", lambda c: f"{_mean_ms(c.prepare):.1f}"),
+        per_case("of which the plugin's gRPC call, mean ms", grpc(PREPARE_METHOD)),
+        per_case("unprepare, mean ms", lambda c: f"{_mean_ms(c.unprepare):.1f}"),
+        per_case("of which the plugin's gRPC call, mean ms", grpc(UNPREPARE_METHOD)),
+        per_case("plugin process CPU per claim, ms", lambda c: f"{c.cpu_ms['plugin']:.1f}"),
+        per_case("kube-apiserver CPU per claim, ms", lambda c: f"{c.cpu_ms['kube-apiserver']:.1f}"),
+        per_case("kubelet DRA code CPU per claim, ms", lambda c: f"{c.cpu_ms['kubelet']:.1f}"),
+    ]
+    one, many = in_flights[0], in_flights[-1]
+
+    def p50_ratio(plugin: str, call: str, n: int) -> float:
+        return ratio(
+            getattr(_case(cases, plugin, n), call).pct(0.5),
+            getattr(_case(cases, FLOOR, n), call).pct(0.5),
+        )
+
+    prepare_ratio = p50_ratio(OURS, "prepare", one)
+    unprepare_ratio = p50_ratio(OURS, "unprepare", one)
+    throughput = ratio(
+        _case(cases, FLOOR, many).claims_per_second, _case(cases, OURS, many).claims_per_second
+    )
+    ratios = [
+        f"- one at a time, prepare p50 {_fmt_ratio(prepare_ratio)} (target "
+        f"<= {TARGET_PREPARE_RATIO:g}x: {_verdict(prepare_ratio, TARGET_PREPARE_RATIO)}), "
+        f"unprepare p50 {_fmt_ratio(unprepare_ratio)} (target <= "
+        f"{TARGET_UNPREPARE_RATIO:g}x: {_verdict(unprepare_ratio, TARGET_UNPREPARE_RATIO)});",
+        f"- {many} in flight, prepare p50 {_fmt_ratio(p50_ratio(OURS, 'prepare', many))}, "
+        f"unprepare p50 {_fmt_ratio(p50_ratio(OURS, 'unprepare', many))}; the floor "
+        f"completes {_fmt_ratio(throughput)} as many claims per second"
+        + (";" if binding_flights else "."),
+    ]
+    if binding_flights:
+        parts = []
+        for n in binding_flights:
+            value = p50_ratio(OURS_BINDING, "prepare", n)
+            where = "one at a time" if n == 1 else f"{n} in flight"
+            target = f"target <= {TARGET_BINDING_RATIO:g}x: {_verdict(value, TARGET_BINDING_RATIO)}"
+            parts.append(f"{where}, prepare p50 {_fmt_ratio(value)} ({target})")
+        ratios.append("- enrolled before binding, " + "; ".join(parts) + ".")
+    comparison: list[str] = []
+    if baseline:
+        spans = []
+        for n in in_flights:
+            where = "one at a time" if n == 1 else f"with {n} in flight"
+            before, ours = _case(cases, BEFORE, n), _case(cases, OURS, n)
+            spans.append(
+                f"prepare p50 {against(before.prepare.pct(0.5), ours.prepare.pct(0.5))} and "
+                f"unprepare p50 {against(before.unprepare.pct(0.5), ours.unprepare.pct(0.5))} "
+                f"{where}"
+            )
+        comparison = ["", "ours against before: " + "; ".join(spans) + "."]
+
+    busy = "plugins alternating." if baseline else "two plugins alternating."
+    load = (
+        f"The 1-minute load average, sampled every 5 s during the run, had a mean of "
+        f"{machine.load_mean:.1f} on these {machine.cpus} CPUs"
+        + (
+            ": the machine was busy with other work, so the absolute figures are slower "
+            "than on an idle machine; the ratios come from the same minutes, the " + busy
+            if machine.load_mean > machine.cpus
+            else "."
+        )
+    )
+    before_text = (
+        f'"before" is the daemon of commit `{baseline.commit}` ("{baseline.subject}"), its '
+        "tree exported from git and started as ours is, with its own directories. "
+        if baseline
+        else ""
+    )
+    binding_text: list[str] = []
+    if binding_flights:
+        calls = _case(cases, OURS_BINDING, binding_flights[0]).calls
+        flights = " and then ".join(str(n) for n in binding_flights)
+        binding_text = [
+            "",
+            f'"{OURS_BINDING}", run last with {flights} in flight, is ours restarted with '
+            f"`--enroll-before-binding` against {calls} claims of its own whose allocation "
+            f"names the node and asks for `{ENROLLED}`, as the scheduler allocates them for "
+            "enrollment before binding: the daemon enrolls each claim before the timing "
+            "starts, so the kubelet's prepare finds it in the daemon's checkpoint and only "
+            "checks its files (between a pod's prepare and its unprepare drabench removes "
+            "the pod from the claim's `reservedFor`, untimed, as the claim controller does "
+            "when a pod ends, so the daemon does not enroll it again); its ratio is against "
+            "the floor's prepare with the same number in flight.",
+        ]
+    plugins = "the plugins" if baseline else "both plugins"
+    return "\n".join(
+        [
+            HEADING,
+            "",
+            f"Command: `{command}` ({machine.started}; {machine.arch}, {machine.cpus} CPUs "
+            f"({machine.cpu_model}) shared by the control plane, the fake Thunder service, "
+            f"{plugins} and the kubelet's DRA code; Python {machine.python}, "
+            f"{machine.go}, Kubernetes {machine.kubernetes} modules).",
+            "",
+            "What the kubelet waits on before a pod's containers start and when it ends, "
+            "measured with the kubelet's own code: `drabench` (hack/tools/kubeletbench) runs "
+            f"the DRA manager of Kubernetes {machine.kubernetes} (`pkg/kubelet/cm/dra`: "
+            "`dra.NewManager`, `PrepareResources` and `UnprepareResources` for a pod), with "
+            "the plugin registered by `pkg/kubelet/pluginmanager` from a `plugins_registry` "
+            "directory and the kubelet's client settings (protobuf, 50 QPS, burst 100). A "
+            "call's time is the manager's whole call for a pod with one claim: the claim "
+            "read from the API server, the manager's checkpoint and the plugin's gRPC call. "
+            '"ours" is the daemon process, set up as in the Daemon section (every prepare '
+            "a fresh enrollment, every unprepare its revocation). "
+            + before_text
+            + '"floor" is `floorplugin`, '
+            "a DRA plugin on the upstream helper (`k8s.io/dynamic-resource-allocation/"
+            "kubeletplugin`) that returns a CDI device ID per device and writes nothing: "
+            "the helper reads the claim from the API server, calls are not serialized, its "
+            "client has no rate limit. It is the least any driver pays for the protocol "
+            "and the kubelet's own work. "
+            + ("All three plugins run" if baseline else "Both plugins run")
+            + " on the same simulated node "
+            "against the same claims, in one run, alternating: "
+            + ", ".join(
+                f"{c.plugin} with {c.in_flight} in flight"
+                for c in cases
+                if c.plugin != OURS_BINDING
+            )
+            + f'. "{many} in flight": {many} pods at once, each prepared and then '
+            "unprepared before the next is taken.",
+            *binding_text,
+            "",
+            *_latency_header(compared),
+            *rows,
+            "",
+            f"| per case | {header} |",
+            "| --- |" + " ---: |" * len(columns),
+            *per_claim,
+            "",
+            "The gRPC rows are the kubelet's own `dra_grpc_operations_duration_seconds` "
+            "(sum over count) for the same calls: the plugin's share of each call, the "
+            "rest being the kubelet's own work (the claim read on prepare, the checkpoint "
+            "on both). CPU per claim is a "
+            "prepare plus an unprepare, from /proc/<pid>/stat over the timed calls.",
+            "",
+            "Ratios, ours over floor:",
+            "",
+            *ratios,
+            *comparison,
+            "",
+            load,
+            *(["", note] if note else []),
+            "",
+        ]
+    )
+
+
+def write_docs(section: str, path: Path = DOC) -> None:
+    """Replace the "Kubelet calls" section of docs/benchmarks.md (new: after "Daemon")."""
+    replace_section(path, HEADING, section, intro=INTRO, after="## Daemon")
