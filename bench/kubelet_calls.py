@@ -2,7 +2,7 @@
 the node daemon, side by side with the same calls to a minimal Go plugin (the floor).
 
     python -m bench.kubelet_calls [--claims 100] [--in-flight 20] [--baseline REF]
-                                  [--write-docs] [--note TEXT]
+                                  [--thunder-latency-ms N] [--write-docs] [--note TEXT]
 
 Set-up (all local, nothing timed) is the daemon benchmark's (bench.daemon_prepare): a local
 control plane, the fake Thunder service, one simulated client-only node with its pool's
@@ -21,6 +21,10 @@ own gRPC metric and the CPU time per claim of the plugin, the API server and the
 DRA code (/proc/<pid>/stat). ``--write-docs`` replaces the "Kubelet calls" section of
 docs/benchmarks.md.
 
+``--thunder-latency-ms N`` makes the fake Thunder service answer every API request N ms
+late (one latency fault on ``/api/v1/*``), as a Thunder service across a network would;
+the run then writes its own section, after the loopback one.
+
 ``--baseline REF`` adds "before", the daemon of an earlier commit, to the same run: the
 commit's tree is exported (``git archive``) into the run's temporary directory and started
 as ours is (same flags, environment and interpreter, its own directories and
@@ -32,7 +36,8 @@ claims of its own (as many, and two for drabench's warm-up) whose allocation nam
 node in ``nodeSelector`` and asks for ``thundercompute.com/Enrolled`` on each device, as
 the scheduler writes it when the operator publishes devices for enrollment before
 binding; their pods are kept unbound by a scheduling gate, as the scheduler keeps a pod
-while it waits for the claim (the daemon leaves alone a claim whose pod is bound). For it ours is stopped and started again, same directories, with
+while it waits for the claim (the daemon leaves alone a claim whose pod is bound). For
+it ours is stopped and started again, same directories, with
 ``--enroll-before-binding``, rather than started as another daemon beside it: the mode
 is the same daemon's, its state (the library cache) carries over, only one daemon of
 this checkout is registered at a time, and its checkpoint is empty by then (every
@@ -479,11 +484,19 @@ def main(argv: list[str] | None = None) -> int:
         metavar="REF",
         help='a git ref whose daemon runs beside ours as "before", in the same run',
     )
+    parser.add_argument(
+        "--thunder-latency-ms",
+        type=int,
+        default=0,
+        help="answer every Thunder API request this late, as across a network (own section)",
+    )
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument(
         "--note", default="", help="a paragraph for the section, e.g. what else ran meanwhile"
     )
     args = parser.parse_args(argv)
+    if not 0 <= args.thunder_latency_ms <= 10_000:
+        parser.error("--thunder-latency-ms must be within 0-10000")
     baseline = resolve_baseline(args.baseline) if args.baseline else None
     bin_dir = build()
     started = datetime.now(UTC)
@@ -493,16 +506,23 @@ def main(argv: list[str] | None = None) -> int:
         Environment(args.claims, Path(workdir)) as env,
     ):
         env.prepare_cluster()
+        if args.thunder_latency_ms:
+            assert env.fake is not None
+            env.fake.admin.add_fault("/api/v1/*", method="*", latency_ms=args.thunder_latency_ms)
         in_flights = sorted({1, args.in_flight})
         cases = run_cases(env, bin_dir, Path(workdir), in_flights, baseline)
     machine = Machine.describe(started, sum(load) / len(load))
     command = command_line("bench.kubelet_calls", args, ["claims", "in_flight"])
     if baseline is not None:
         command += f" --baseline {baseline.commit}"
-    section = render(cases, machine, command + " --write-docs", args.note, baseline)
+    if args.thunder_latency_ms:
+        command += f" --thunder-latency-ms {args.thunder_latency_ms}"
+    section = render(
+        cases, machine, command + " --write-docs", args.note, baseline, args.thunder_latency_ms
+    )
     print(section)
     if args.write_docs:
-        write_docs(section)
+        write_docs(section, thunder_latency_ms=args.thunder_latency_ms)
     return 0
 
 

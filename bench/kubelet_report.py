@@ -193,15 +193,24 @@ def _latency_header(compared: Sequence[str]) -> list[str]:
     ]
 
 
+def heading(thunder_latency_ms: int = 0) -> str:
+    """The section's heading: its own for a run with Thunder answering late."""
+    if thunder_latency_ms:
+        return f"{HEADING}, Thunder {thunder_latency_ms} ms away"
+    return HEADING
+
+
 def render(
     cases: Sequence[Case],
     machine: Machine,
     command: str,
     note: str = "",
     baseline: Baseline | None = None,
+    thunder_latency_ms: int = 0,
 ) -> str:
     """The "Kubelet calls" section of docs/benchmarks.md; with ``baseline``, "before"
-    beside ours; with cases of :data:`OURS_BINDING`, the enrollment-before-binding rows."""
+    beside ours; with cases of :data:`OURS_BINDING`, the enrollment-before-binding rows;
+    with ``thunder_latency_ms``, the section of a run whose Thunder answered that late."""
     compared = [BEFORE, OURS] if baseline else [OURS]
     in_flights = sorted({c.in_flight for c in cases if c.plugin != OURS_BINDING})
     binding_flights = sorted({c.in_flight for c in cases if c.plugin == OURS_BINDING})
@@ -315,14 +324,27 @@ def render(
             "the floor's prepare with the same number in flight.",
         ]
     plugins = "the plugins" if baseline else "both plugins"
+    distant = (
+        [
+            "",
+            f"Every request to the fake Thunder service is answered {thunder_latency_ms} ms "
+            "late (a latency fault on every `/api/v1/` path), as a Thunder service across a "
+            "network would answer; the daemon's other work is as in the section above. The "
+            "floor does not talk to Thunder: this run shows what the daemon's Thunder round "
+            "trips cost the kubelet, and what making them at once saves.",
+        ]
+        if thunder_latency_ms
+        else []
+    )
     return "\n".join(
         [
-            HEADING,
+            heading(thunder_latency_ms),
             "",
             f"Command: `{command}` ({machine.started}; {machine.arch}, {machine.cpus} CPUs "
             f"({machine.cpu_model}) shared by the control plane, the fake Thunder service, "
             f"{plugins} and the kubelet's DRA code; Python {machine.python}, "
             f"{machine.go}, Kubernetes {machine.kubernetes} modules).",
+            *distant,
             "",
             "What the kubelet waits on before a pod's containers start and when it ends, "
             "measured with the kubelet's own code: `drabench` (hack/tools/kubeletbench) runs "
@@ -378,6 +400,8 @@ def render(
     )
 
 
-def write_docs(section: str, path: Path = DOC) -> None:
-    """Replace the "Kubelet calls" section of docs/benchmarks.md (new: after "Daemon")."""
-    replace_section(path, HEADING, section, intro=INTRO, after="## Daemon")
+def write_docs(section: str, path: Path = DOC, thunder_latency_ms: int = 0) -> None:
+    """Replace the "Kubelet calls" section of docs/benchmarks.md (new: after "Daemon"),
+    or, for a run with Thunder answering late, its own section (new: after that one)."""
+    after = HEADING if thunder_latency_ms else "## Daemon"
+    replace_section(path, heading(thunder_latency_ms), section, intro=INTRO, after=after)

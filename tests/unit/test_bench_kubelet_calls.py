@@ -150,6 +150,29 @@ def test_the_section_goes_after_the_daemons_and_replaces_itself(tmp_path: Path) 
     assert text.endswith("operator figures\n")
 
 
+def test_a_run_with_thunder_far_away_has_its_own_section_after_the_loopback_one(
+    tmp_path: Path,
+) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(INTRO + "\n## Daemon\n\ndaemon figures\n\n## Operator\n\noperator figures\n")
+    write_docs(render(_cases(), MACHINE, "loopback"), doc)
+    far = render(_cases(), MACHINE, "far", thunder_latency_ms=20)
+    assert far.startswith("## Kubelet calls, Thunder 20 ms away\n")
+    assert "answered 20 ms late (a latency fault on every `/api/v1/` path)" in far
+    assert "late (a latency fault" not in render(_cases(), MACHINE, "loopback")
+    write_docs(far, doc, thunder_latency_ms=20)
+    write_docs(render(_cases(), MACHINE, "far again", thunder_latency_ms=20), doc, 20)
+    text = doc.read_text()
+    assert text.count("## Kubelet calls, Thunder 20 ms away") == 1
+    assert "`far again`" in text
+    assert "`far`" not in text
+    loopback, distant, operator = (
+        text.index(h)
+        for h in ("## Kubelet calls\n", "## Kubelet calls, Thunder 20 ms away", "## Operator")
+    )
+    assert loopback < text.index("`loopback`") < distant < operator
+
+
 def test_the_kubernetes_version_is_the_go_modules() -> None:
     go_mod = Path(__file__).resolve().parents[2] / "hack" / "tools" / "kubeletbench" / "go.mod"
     assert kubernetes_version(go_mod) == "v1.37.2"
