@@ -77,6 +77,29 @@ def _reserved_claim(kube: Kube, namespace: str, index: int) -> dict[str, str]:
     }
 
 
+def _drabench(
+    programs: Path,
+    cluster: Cluster,
+    node: str,
+    floor: Floor,
+    state: Path,
+    pods: Path,
+    *extra: str,
+) -> subprocess.CompletedProcess[str]:
+    """drabench against the floor plugin, 2 in flight, with ``extra`` flags."""
+    command = [
+        str(programs / "drabench"),
+        "--kubeconfig", str(cluster.kubeconfig),
+        "--node", node,
+        "--registry-dir", str(floor.registry),
+        "--state-dir", str(state),
+        "--claims", str(pods),
+        "--in-flight", "2",
+        *extra,
+    ]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture
 def workdir() -> Iterator[Path]:
     # Unix socket paths are short: not under pytest's deep tmp_path.
@@ -98,23 +121,11 @@ def test_drabench_prepares_and_unprepares_through_the_floor_plugin(
         try:
             state = workdir / "kubelet"
             state.mkdir()
-            command = [
-                str(programs / "drabench"),
-                "--kubeconfig", str(cluster.kubeconfig),
-                "--node", node,
-                "--registry-dir", str(floor.registry),
-                "--state-dir", str(state),
-                "--claims", str(pods_file),
-                "--in-flight", "2",
+            done = _drabench(
+                programs, cluster, node, floor, state, pods_file,
                 "--cpu", f"plugin={floor.process.pid}",
                 "--cpu", f"kube-apiserver={cluster.pids['kube-apiserver']}",
-            ]  # fmt: skip
-            done = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
+            )  # fmt: skip
         finally:
             floor.stop()
     assert done.returncode == 0, done.stderr[-3000:]
@@ -147,18 +158,11 @@ def test_drabench_ends_reservations_between_the_calls_and_warms_up_on_its_own_po
         try:
             state = workdir / "kubelet"
             state.mkdir()
-            command = [
-                str(programs / "drabench"),
-                "--kubeconfig", str(cluster.kubeconfig),
-                "--node", node,
-                "--registry-dir", str(floor.registry),
-                "--state-dir", str(state),
-                "--claims", str(workdir / "pods.json"),
+            done = _drabench(
+                programs, cluster, node, floor, state, workdir / "pods.json",
                 "--warmup-claims", str(workdir / "warmup.json"),
                 "--end-reservations",
-                "--in-flight", "2",
-            ]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+            )  # fmt: skip
         finally:
             floor.stop()
         assert done.returncode == 0, done.stderr[-3000:]
