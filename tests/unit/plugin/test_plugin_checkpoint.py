@@ -238,3 +238,78 @@ async def test_a_checkpoint_written_by_the_earlier_daemon_reads_and_writes_back_
     assert ck.encode_checkpoint(loaded) == EARLIER_FILE
     await store.save(loaded)
     assert store.path.read_bytes() == EARLIER_FILE
+
+
+class _Reads:
+    """Counts the checkpoint file's reads."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = ck._read_identified
+
+        def counted(path: Path) -> tuple[bytes, ck.FileIdentity | None]:
+            self.count += 1
+            return real(path)
+
+        monkeypatch.setattr(ck, "_read_identified", counted)
+
+
+async def test_a_file_unchanged_since_this_store_wrote_it_is_not_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = _Reads(monkeypatch)
+    store = ck.CheckpointStore(tmp_path)
+    await store.put(_claim("uid-1"))
+    assert sorted((await store.load()).claims) == ["uid-1"]
+    assert sorted((await store.load()).claims) == ["uid-1"]
+    assert reads.count == 0
+    assert store.found
+    # A store that read the file (a daemon's start) does not read it twice either.
+    other = ck.CheckpointStore(tmp_path)
+    await other.load()
+    await other.load()
+    assert reads.count == 1
+
+
+async def test_a_file_another_daemon_replaced_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = _Reads(monkeypatch)
+    mine, theirs = ck.CheckpointStore(tmp_path), ck.CheckpointStore(tmp_path)
+    await mine.put(_claim("uid-1"))
+    await theirs.load()
+    await theirs.put(_claim("uid-2"))  # a new file, renamed over the old one
+    assert sorted((await mine.load()).claims) == ["uid-1", "uid-2"]
+    assert sorted(mine.current.claims) == ["uid-1", "uid-2"]
+    assert reads.count == 2
+
+
+async def test_a_file_changed_in_place_is_read_again(tmp_path: Path) -> None:
+    store = ck.CheckpointStore(tmp_path)
+    await store.put(_claim("uid-1"))
+    store.path.write_bytes(store.path.read_bytes()[:40])  # same inode, new size and times
+    with pytest.raises(ck.CheckpointCorruptError):
+        await store.load()
+    store.path.unlink()
+    assert (await store.load()).claims == {}
+    assert not store.found
+
+
+async def test_after_a_failed_write_the_file_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ck.CheckpointStore(tmp_path)
+    await store.put(_claim("uid-1"))
+    real = fsutil.write_atomic
+
+    def half(path: Path, data: bytes | str, *, mode: int = 0o644) -> None:
+        real(path, data, mode=mode)  # the file is replaced, then the write reports failure
+        raise OSError("input/output error")
+
+    monkeypatch.setattr(fsutil, "write_atomic", half)
+    with pytest.raises(OSError, match="input/output"):
+        await store.put(_claim("uid-2"))
+    monkeypatch.setattr(fsutil, "write_atomic", real)
+    reads = _Reads(monkeypatch)
+    assert sorted((await store.load()).claims) == ["uid-1", "uid-2"]
+    assert reads.count == 1

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -216,6 +217,32 @@ def decode_checkpoint(data: bytes, path: Path) -> Checkpoint:
         raise CheckpointCorruptError(path, f"payload does not match the schema: {err}") from err
 
 
+FileIdentity = tuple[int, int, int, int, int]
+"""A file's device, inode, size, modification and change time (ns): what tells the file
+as this process last read or wrote it from any later version of it."""
+
+
+def _identity(result: os.stat_result) -> FileIdentity:
+    return (result.st_dev, result.st_ino, result.st_size, result.st_mtime_ns, result.st_ctime_ns)
+
+
+def _read_identified(path: Path) -> tuple[bytes, FileIdentity | None]:
+    """The file's content and the identity of exactly that content (None if the file
+    changed while it was read)."""
+    with path.open("rb") as file:
+        before = _identity(os.fstat(file.fileno()))
+        data = file.read()
+        after = _identity(os.fstat(file.fileno()))
+    return data, before if before == after else None
+
+
+def _stat_identity(path: Path) -> FileIdentity | None:
+    try:
+        return _identity(os.stat(path))
+    except FileNotFoundError:
+        return None
+
+
 class CheckpointStore:
     """The checkpoint file plus its in-memory copy.
 
@@ -248,6 +275,8 @@ class CheckpointStore:
         self._lock = asyncio.Lock()
         self._changes = 0  # mutations of _current so far
         self._persisted = 0  # value of _changes that the file reflects
+        # The file as _durable was last read from or written to it; None: unknown.
+        self._identity: FileIdentity | None = None
 
     @property
     def current(self) -> Checkpoint:
@@ -259,9 +288,21 @@ class CheckpointStore:
         return self._durable
 
     async def load(self) -> Checkpoint:
-        """Read and verify the file; a missing file is an empty checkpoint."""
+        """Read and verify the file; a missing file is an empty checkpoint.
+
+        A file this process last read or wrote, unchanged since (same device, inode, size,
+        modification and change time), is not read again: :attr:`durable` is what it
+        holds. Every write replaces the file by a rename, so another daemon's write is a
+        new inode, and a change in place moves its times or size."""
+        identity = self._identity
+        if identity is not None and await asyncio.to_thread(_stat_identity, self.path) == identity:
+            self._current = self._durable
+            self._persisted = self._changes
+            self.found = True
+            return self._durable
+        self._identity = None
         try:
-            data = await fsutil.read_bytes_async(self.path)
+            data, identity = await asyncio.to_thread(_read_identified, self.path)
         except FileNotFoundError:
             checkpoint = Checkpoint()
             self.found = False
@@ -270,6 +311,8 @@ class CheckpointStore:
             self.found = True
         self._current = self._durable = checkpoint
         self._persisted = self._changes
+        if self.found:
+            self._identity = identity
         return checkpoint
 
     async def load_or_set_aside(self) -> tuple[Checkpoint, Path | None]:
@@ -284,6 +327,7 @@ class CheckpointStore:
             return await self.load(), None
         except CheckpointCorruptError:
             moved = await fsutil.move_aside_async(self.path)
+            self._identity = None
             self.found = False
             self._current = self._durable = Checkpoint()
             self._persisted = self._changes
@@ -332,6 +376,8 @@ class CheckpointStore:
             if self._persisted >= wanted:
                 return  # a write that started after our change already covered it
             snapshot, covers = self._current, self._changes
+            # Whatever the outcome, the file may no longer be what _durable was read from.
+            self._identity = None
             try:
                 # Encoded in the writer thread too: O(prepared claims), off the event
                 # loop. The snapshot is immutable (frozen models, a dict never mutated).
@@ -339,7 +385,7 @@ class CheckpointStore:
                     "thunder_dra.checkpoint.write",
                     attributes={"thunder_dra.checkpoint.claims": len(snapshot.claims)},
                 ):
-                    await asyncio.to_thread(self._write_sync, snapshot)
+                    identity = await asyncio.to_thread(self._write_sync, snapshot)
             except Exception:
                 # The file is unchanged (atomic write). Undone under the lock, so the next
                 # write, whoever makes it, no longer carries this change.
@@ -347,11 +393,15 @@ class CheckpointStore:
                 raise
             self._persisted = max(self._persisted, covers)
             self._durable = snapshot
+            self._identity = identity
             self.found = True
 
-    def _write_sync(self, snapshot: Checkpoint) -> None:
+    def _write_sync(self, snapshot: Checkpoint) -> FileIdentity | None:
+        """Write ``snapshot``; the identity of the file written (taken under the node
+        lock, which every writer of the file holds)."""
         content = encode_checkpoint(snapshot)
         if not self.path.parent.is_dir():
             # Only a missing directory gets a mode: it may be the shared plugin directory.
             fsutil.ensure_dir(self.path.parent, 0o700)
         self._writer(self.path, content, 0o600)
+        return _stat_identity(self.path)
