@@ -4,10 +4,12 @@ rolled back through the journal, and a failed revocation leaves the claim to ret
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,9 +72,53 @@ async def test_a_missing_client_record_is_recreated(world: World) -> None:
     (record,) = world.client_records()
     del world.kube.objects[parse_path(CLIENTS.item(record["metadata"]["name"], NAMESPACE)).key]
     assert await _prepare(daemon, ref) == first
+    await daemon.service.drain()  # the record is checked once the kubelet has its answer
     (again,) = world.client_records()
     assert again["spec"] == record["spec"]
     assert again["status"]["clientId"] == first.client_id
+
+
+async def test_a_repeated_prepare_answers_before_its_record_is_checked(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    first = await _prepare(daemon, ref)
+    records = daemon.preparer.d.records
+    release = asyncio.Event()
+    checked: list[str] = []
+    get_client = records.get_client
+
+    async def slow_get(namespace: str, claim_uid: str) -> Any:
+        await release.wait()
+        checked.append(claim_uid)
+        return await get_client(namespace, claim_uid)
+
+    monkeypatch.setattr(records, "get_client", slow_get)
+    # The kubelet's answer does not wait for the record (a claim enrolled before binding
+    # is prepared by the kubelet with files only).
+    assert await asyncio.wait_for(_prepare(daemon, ref), timeout=5) == first
+    assert checked == []
+    release.set()
+    await daemon.service.drain()
+    assert checked == [ref.uid]
+    assert len(world.client_records()) == 1
+
+
+async def test_an_unprepare_right_after_a_repeated_prepare_leaves_no_record_behind(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    await _prepare(daemon, ref)
+    (record,) = world.client_records()
+    del world.kube.objects[parse_path(CLIENTS.item(record["metadata"]["name"], NAMESPACE)).key]
+    await _prepare(daemon, ref)
+    # The unprepare takes the claim's lock after the record check, which then finds the
+    # claim still prepared and re-creates the record; the unprepare then removes it.
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    await daemon.service.drain()
+    world.assert_clean()
 
 
 async def test_a_missing_config_json_reenrolls_the_claim_and_revokes_the_old(world: World) -> None:

@@ -1,7 +1,9 @@
 """Claims already prepared: restore what is missing, so a repeated prepare gets the same answer.
 
 Run for every prepared claim at start-up and again whenever the kubelet prepares a claim
-the checkpoint already holds:
+the checkpoint already holds (then the ``Client`` record is checked right after the
+answer, :meth:`Repairer.restore_record`: the kubelet's answer never depends on it, and a
+claim enrolled before binding is prepared by the kubelet with files only):
 
 - the CDI spec is rewritten from the checkpoint when missing (``/var/run/cdi`` is a
   tmpfs, emptied by a reboot);
@@ -40,8 +42,9 @@ class Repairer:
         self._preparer = preparer
         self.d = preparer.d
 
-    async def repair(self, prepared: PreparedClaim) -> PreparedClaim:
-        """Restore what a prepared claim is missing on the node and in the API."""
+    async def repair(self, prepared: PreparedClaim, *, record: bool = True) -> PreparedClaim:
+        """Restore what a prepared claim is missing on the node and, with ``record``, its
+        ``Client`` record (else :meth:`restore_record` is the caller's, later)."""
         d = self.d
         if prepared.consumer.kind == "pod":
             layout = d.config.claim_layout
@@ -68,10 +71,24 @@ class Repairer:
                 "without re-preparing the claim",
                 extra={**_fields(prepared), "secret": prepared.secret_name},
             )
+        if record:
+            await self._restore_record(prepared)
+        return prepared
+
+    async def restore_record(self, prepared: PreparedClaim) -> None:
+        """Re-create the claim's ``Client`` record if it is missing, provided the
+        checkpoint still holds the claim as ``prepared`` (an unprepare, or a new
+        enrollment, may have come first). The caller holds the node and claim locks."""
+        current = self.d.checkpoint.current.claims.get(prepared.uid)
+        if current != prepared:
+            return
+        await self._restore_record(prepared)
+
+    async def _restore_record(self, prepared: PreparedClaim) -> None:
+        d = self.d
         if await d.records.get_client(prepared.namespace, prepared.uid) is None:
             await d.records.record_client(prepared)
             log.info("re-created a missing Client record", extra=_fields(prepared))
-        return prepared
 
     async def _preload_of(self, prepared: PreparedClaim) -> bool:
         # Not in the checkpoint: the claim itself is the source of truth for its options.

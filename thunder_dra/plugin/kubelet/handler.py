@@ -137,9 +137,34 @@ class ClaimService:
         return await asyncio.shield(task)
 
     async def drain(self) -> None:
-        """Wait for claim work still running after its RPC was cancelled (shutdown)."""
-        if self._running:
-            await asyncio.gather(*self._running, return_exceptions=True)
+        """Wait for claim work still running after its RPC was cancelled or answered
+        (shutdown, tests)."""
+        while self._running:
+            await asyncio.gather(*list(self._running), return_exceptions=True)
+
+    def _after_answer(self, prepared: PreparedClaim) -> None:
+        """Check a repeated prepare's ``Client`` record once the kubelet has its answer,
+        under the same locks as any claim work (so an unprepare waits for it)."""
+
+        async def restore() -> None:
+            try:
+                async with self._claim_locks.hold(prepared.uid):
+                    await self._repairer.restore_record(prepared)
+            except Exception as err:
+                # The next repeated prepare, or the start-up repair, checks it again.
+                log.warning(
+                    "checking a prepared claim's Client record failed",
+                    extra={
+                        "claim_uid": prepared.uid,
+                        "namespace": prepared.namespace,
+                        "claim": prepared.name,
+                        "error": str(err),
+                    },
+                )
+
+        task = asyncio.ensure_future(self._under_node_lock(restore))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
 
     async def _under_node_lock(self, work: Callable[[], Awaitable[_T]]) -> _T:
         waited = time.monotonic()
@@ -237,7 +262,9 @@ class ClaimService:
     async def _prepare_claim(self, ref: ClaimRef) -> PreparedClaim:
         existing = self._checkpoint.current.claims.get(ref.uid)
         if existing is not None and existing.state is ClaimState.PREPARED:
-            return await self._repairer.repair(existing)
+            repaired = await self._repairer.repair(existing, record=False)
+            self._after_answer(repaired)
+            return repaired
         if existing is not None:
             # An unprepare (or an older format's half-prepare) was interrupted: finish it,
             # so the claim is enrolled from a clean slate.
