@@ -145,18 +145,25 @@ def test_a_daemon_image_upgrade_while_pods_start_fails_no_prepare(install: Insta
     log_start = len(install.node.logs("kubelet").splitlines())
 
     # Pods keep coming, one every 3 s, before, during and after the roll (at most 40);
-    # the phase each was created in is recorded (an order of events, no clock).
+    # the phase each was created in is recorded (an order of events, no clock). Two more
+    # are started at the roll's first steps, so the roll has its pods however fast it is
+    # (a new daemon can be Ready and the old one gone within 4 s).
     phase = ["before"]
     created: list[tuple[str, str]] = []
     stop = threading.Event()
     errors: list[BaseException] = []
+    naming = threading.Lock()
+
+    def start_one() -> None:
+        with naming:
+            name = f"roll-{len(created)}"
+            _apply(install, _gpu_pod(install, ns, name, claim=len(created) % 2 == 1))
+            created.append((name, phase[0]))
 
     def keep_starting() -> None:
         try:
             while not stop.is_set() and len(created) < 40:
-                name = f"roll-{len(created)}"
-                _apply(install, _gpu_pod(install, ns, name, claim=len(created) % 2 == 1))
-                created.append((name, phase[0]))
+                start_one()
                 stop.wait(3)
         except BaseException as exc:  # reported by the test below
             errors.append(exc)
@@ -168,6 +175,7 @@ def test_a_daemon_image_upgrade_while_pods_start_fails_no_prepare(install: Insta
         phase[0] = "rolling"
         repository, new_tag = new_ref.rsplit(":", 1)
         install.upgrade({"daemon": {"image": {"repository": repository, "tag": new_tag}}})
+        start_one()
 
         def daemon_set_changed() -> bool:
             ds = install.get("daemonset", "-n", NAMESPACE, DAEMON_SET) or {}
@@ -175,6 +183,7 @@ def test_a_daemon_image_upgrade_while_pods_start_fails_no_prepare(install: Insta
             return [c["image"] for c in containers.get("containers", [])] == [new_ref]
 
         wait(daemon_set_changed, "the operator to set the new image on the DaemonSet", 120)
+        start_one()
 
         def rolled() -> dict[str, Any] | None:
             pods = install.daemon_pods()
