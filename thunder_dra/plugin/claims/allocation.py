@@ -176,11 +176,7 @@ def parse_claim(claim: Mapping[str, Any], uid: str, driver: str) -> ClaimAllocat
             "a Thunder client serves one zone and one GPU model, so request one model per claim",
             ErrorReason.POOL,
         )
-    reserved = tuple(
-        str(r.get("name"))
-        for r in bodies.reserved_for(claim)
-        if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("name")
-    )
+    reserved = tuple(str(r["name"]) for r in reserved_pods(claim))
     return ClaimAllocation(
         uid=uid,
         pool=pools[0],
@@ -188,6 +184,16 @@ def parse_claim(claim: Mapping[str, Any], uid: str, driver: str) -> ClaimAllocat
         reserved_pods=reserved,
         preload=_preload(bodies.allocation_config(claim), driver),
     )
+
+
+def reserved_pods(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The claim's ``status.reservedFor`` entries that name a core pod, in order (the
+    first is the consumer prepare takes)."""
+    return [
+        r
+        for r in bodies.reserved_for(claim)
+        if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("name")
+    ]
 
 
 def is_virt_launcher(pod: Mapping[str, Any]) -> bool:

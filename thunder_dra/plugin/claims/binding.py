@@ -41,6 +41,7 @@ from thunder_dra.kube import bodies
 from thunder_dra.kube import errors as kube_errors
 from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED
 from thunder_dra.kube.resources import PODS, RESOURCE_CLAIMS
+from thunder_dra.plugin.claims.allocation import reserved_pods
 from thunder_dra.plugin.state.checkpoint import CheckpointStore, ClaimRef, PreparedClaim
 
 log = logging.getLogger(__name__)
@@ -125,15 +126,10 @@ def waits_for_enrollment(claim: Mapping[str, Any], driver: str) -> bool:
 def reserved_pod(claim: Mapping[str, Any]) -> tuple[str, str] | None:
     """The name and UID of the first pod the claim is reserved for (the consumer prepare
     takes), or None."""
-    for entry in _list(_mapping(claim.get("status")).get("reservedFor")):
-        if (
-            isinstance(entry, Mapping)
-            and entry.get("resource") == "pods"
-            and not entry.get("apiGroup")
-        ):
-            name, uid = entry.get("name"), entry.get("uid")
-            if isinstance(name, str) and name:
-                return name, uid if isinstance(uid, str) else ""
+    for entry in reserved_pods(claim):
+        name, uid = entry["name"], entry.get("uid")
+        if isinstance(name, str):
+            return name, uid if isinstance(uid, str) else ""
     return None
 
 

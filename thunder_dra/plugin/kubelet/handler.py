@@ -130,11 +130,15 @@ class ClaimService:
         self._running: set[asyncio.Task[Any]] = set()
         self._status = status
 
-    async def _shielded(self, work: Coroutine[Any, Any, _T]) -> _T:
+    def _track(self, work: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
+        """Run ``work`` as a task :meth:`drain` waits for."""
         task = asyncio.ensure_future(work)
         self._running.add(task)
         task.add_done_callback(self._running.discard)
-        return await asyncio.shield(task)
+        return task
+
+    async def _shielded(self, work: Coroutine[Any, Any, _T]) -> _T:
+        return await asyncio.shield(self._track(work))
 
     async def drain(self) -> None:
         """Wait for claim work still running after its RPC was cancelled or answered
@@ -162,9 +166,7 @@ class ClaimService:
                     },
                 )
 
-        task = asyncio.ensure_future(self._under_node_lock(restore))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        self._track(self._under_node_lock(restore))
 
     async def _under_node_lock(self, work: Callable[[], Awaitable[_T]]) -> _T:
         waited = time.monotonic()
