@@ -295,7 +295,8 @@ class CheckpointStore:
         holds. Every write replaces the file by a rename, so another daemon's write is a
         new inode, and a change in place moves its times or size."""
         identity = self._identity
-        if identity is not None and await asyncio.to_thread(_stat_identity, self.path) == identity:
+        # One stat of a local file, on the loop: a thread hand-off would cost more.
+        if identity is not None and _stat_identity(self.path) == identity:
             self._current = self._durable
             self._persisted = self._changes
             self.found = True

@@ -6,7 +6,8 @@ interleave: it is an exclusive ``flock`` on ``<state>/serialize.lock``. Inside o
 process, concurrent calls share the lock (the first takes it, the last releases it),
 so twenty claims in flight still run concurrently while the other instance waits.
 Whoever takes the lock first reloads shared state (the checkpoint), because the other
-instance may have changed it.
+instance may have changed it. A free lock is taken at once on the event loop (a
+non-blocking ``flock``); only a lock the other instance holds is waited for in a thread.
 
 :class:`InstanceLock` is held for a daemon's whole life on its own journal directory;
 another instance that can take it knows the owner is dead (the kernel drops a ``flock``
@@ -57,6 +58,18 @@ class NodeSerializeLock:
                 self._unlock(fd)
 
     async def _acquire(self) -> int:
+        # Uncontended (the usual case): taken at once, without a thread hand-off.
+        fd = _open_lock_file(self.path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        else:
+            return fd
+        # Held by another instance: wait for it in a thread.
         waiting = asyncio.ensure_future(asyncio.to_thread(self._lock_blocking))
         try:
             return await asyncio.shield(waiting)
