@@ -612,6 +612,19 @@ def dra_unprepare(daemon: DaemonProcess, claims: list[DirectClaim], timeout: flo
         return stub.NodeUnprepareResources(request, timeout=timeout).claims
 
 
+def enrolled_record(kube: Kube, namespace: str, claim_uid: str) -> dict[str, Any]:
+    """The claim's ``Client`` record once its status says ``Enrolled``: the daemon writes
+    the status just after the kubelet's answer (the spec, client ID included, before)."""
+
+    def enrolled() -> dict[str, Any] | None:
+        record = kube.get(CLIENT_API, "Client", f"claim-{claim_uid}", namespace)
+        if record is None or (record.get("status") or {}).get("phase") != "Enrolled":
+            return None
+        return record
+
+    return wait_for(enrolled, f"the Client record of claim {claim_uid} set Enrolled")
+
+
 def live_clients(fake: FakeThunderProcess, zone_id: str) -> list[dict[str, Any]]:
     """Thunder clients of ``zone_id`` that are not decommissioned."""
     clients = fake.admin.state().get("clients", [])

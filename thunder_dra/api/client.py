@@ -101,6 +101,9 @@ class ClientSpec(ApiModel):
         str, Field(max_length=253, json_schema_extra=_set_once("consumerName"))
     ] = ""
     """Name of the consuming pod or VirtualMachine, if known."""
+    client_id: Annotated[str, Field(max_length=256, json_schema_extra=_set_once("clientId"))] = ""
+    """Thunder client ID the token was exchanged for (a pod's claim); empty for a VM, whose
+    guest enrolls itself. Records of earlier releases carry it in `status.clientId` only."""
 
 
 class ClientPhase(StrEnum):
@@ -139,3 +142,10 @@ class Client(ApiModel):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: ClientSpec
     status: ClientStatus | None = None
+
+    @property
+    def client_id(self) -> str | None:
+        """The recorded Thunder client ID: `spec.clientId`, else (a record of an earlier
+        release) `status.clientId`; None if neither has one."""
+        status_id = self.status.client_id if self.status else None
+        return self.spec.client_id or status_id or None

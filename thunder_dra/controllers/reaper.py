@@ -127,7 +127,7 @@ def recorded_by_driver(client: Client, provenance: ProvenanceKey) -> bool:
         name=client.metadata.name,
         claim_uid=client.spec.claim.uid,
         enrollment_token_id=client.spec.enrollment_token_id,
-        client_id=client.status.client_id if client.status else None,
+        client_id=client.client_id,
     )
 
 
@@ -243,7 +243,7 @@ class Reaper:
         self, client: Client, thunder: ThunderClient, status_path: str, fields: dict[str, Any]
     ) -> bool:
         token_id = client.spec.enrollment_token_id
-        client_id = client.status.client_id if client.status else None
+        client_id = client.client_id
         try:
             if token_id:
                 unenrolled = await thunder.unenroll(token_id)

@@ -19,6 +19,7 @@ from hack.testbed.daemon import (
     NodeHarness,
     Workloads,
     ZonePool,
+    enrolled_record,
     files_under,
     mints,
     secrets_of,
@@ -73,8 +74,7 @@ def test_a_pod_gets_a_client_config_and_a_valid_cdi_spec_without_any_token(
     name, _ = pods.create(node, count=2)
     pod = pods.wait_running(node, name)
 
-    client = _client(kube, pods.namespace, pod.claim_uid)
-    assert client is not None
+    client = enrolled_record(kube, pods.namespace, pod.claim_uid)
     assert client["metadata"]["finalizers"] == ["thundercompute.com/client-cleanup"]
     spec, status = client["spec"], client["status"]
     assert spec["claim"] == {
@@ -94,7 +94,7 @@ def test_a_pod_gets_a_client_config_and_a_valid_cdi_spec_without_any_token(
     config_path = node.daemon.state_dir / "claims" / pod.claim_uid / "config.json"
     config = json.loads(config_path.read_text())
     assert set(config) == CONFIG_KEYS
-    assert config["clientId"] == config["deviceId"] == status["clientId"]
+    assert config["clientId"] == config["deviceId"] == status["clientId"] == spec["clientId"]
     assert (config["gpuType"], config["gpuCount"]) == ("A6000", 2)
     assert config["centralApiUrl"] == fake.base_url
     assert config["telemetryCollector"] == "https://telemetry.example.test:2096"
@@ -242,7 +242,7 @@ def test_repeated_prepare_answers_the_same_with_one_enrollment_and_repairs_files
     assert len(mints(fake, writes_before)) == 1
     client = _client(kube, pods.namespace, pod.claim_uid)
     assert client is not None
-    assert client["status"]["clientId"] == new_client
+    assert client["spec"]["clientId"] == new_client
     clients = {c["clientId"]: c for c in fake.admin.state()["clients"]}
     assert clients[old_client]["decommissionedAt"] is not None
     assert clients[new_client]["decommissionedAt"] is None

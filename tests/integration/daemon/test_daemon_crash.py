@@ -15,6 +15,7 @@ from hack.testbed.daemon import (
     NodeHarness,
     Workloads,
     ZonePool,
+    enrolled_record,
     files_under,
 )
 from hack.testbed.kube import Kube, wait_for
@@ -101,9 +102,8 @@ def test_a_crash_during_prepare_converges_without_leaks(
 
     node.daemon.start()
     pod = pods.wait_running(node, name)
-    client = kube.get(CLIENT_API, "Client", f"claim-{pod.claim_uid}", pods.namespace)
-    assert client is not None
-    assert client["status"]["phase"] == "Enrolled"
+    client = enrolled_record(kube, pods.namespace, pod.claim_uid)
+    assert client["spec"].get("clientId", "") == client["status"].get("clientId", "")
     leaks = fake.admin.leaks()
     if vm:
         # The VM's own token waits, unspent, for the guest to exchange it; nothing else.

@@ -108,7 +108,7 @@ def test_health_is_reported_on_v1_and_v1alpha1_as_thunder_sees_the_client(
         assert answer.error == ""
         (device,) = answer.devices
         record = kube.get(CLIENT_API, "Client", f"claim-{claim.uid}", namespace) or {}
-        client_id = record["status"]["clientId"]
+        client_id = record["spec"]["clientId"]
 
         for watch in watches:
             entry = watch.until(device.device_name, "HEALTHY")

@@ -140,7 +140,7 @@ def test_a_full_disk_at_the_checkpoint_write_rolls_the_prepare_back(
     [client] = [c for c in live_clients(fake, pool.zone_id) if c["displayName"] == claim.name]
     record = _client_record(kube, claim)
     assert record is not None
-    assert record["status"]["clientId"] == client["clientId"]  # type: ignore[index]
+    assert record["spec"]["clientId"] == client["clientId"]  # type: ignore[index]
 
     _ok(dra_unprepare(daemon, [*earlier, claim]), [*earlier, claim])
     _assert_nothing_enrolled(kube, fake, pool)

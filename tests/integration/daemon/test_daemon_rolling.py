@@ -74,7 +74,7 @@ def test_instances_hand_over_and_a_killed_one_is_rolled_back_by_the_survivor(
             assert len(live) == 1
             client = kube.get(CLIENT_API, "Client", f"claim-{crashed.claim_uid}", namespace)
             assert client is not None
-            assert client["status"]["clientId"] == live[0]["clientId"]
+            assert client["spec"]["clientId"] == live[0]["clientId"]
 
             for name in (first, second):
                 pods.delete(name)

@@ -73,11 +73,14 @@ def record_client(
     client_id: str,
     *,
     provenance: str | None = None,
+    pending: bool = False,
 ) -> None:
     """The Client the daemon writes for a prepared claim, with its finalizer.
 
     Signed as the daemon signs it, unless `provenance` gives the annotation to write
-    ("" for none)."""
+    ("" for none). `pending`: as the daemon leaves it until just after the kubelet's
+    answer, the client ID in the spec and no status yet; otherwise as an earlier release
+    wrote it, the client ID in the status only."""
     if provenance is None:
         provenance = ProvenanceKey(Secret(API_TOKEN)).sign(
             namespace=namespace,
@@ -89,7 +92,7 @@ def record_client(
     metadata: dict[str, Any] = {"name": name, "finalizers": [FINALIZER]}
     if provenance:
         metadata["annotations"] = {ANNOTATION: provenance}
-    body = {
+    body: dict[str, Any] = {
         "apiVersion": THUNDER_API,
         "kind": "Client",
         "metadata": metadata,
@@ -102,10 +105,14 @@ def record_client(
             "enrollmentTokenId": token_id,
         },
     }
+    if pending:
+        body["spec"]["clientId"] = client_id
     api = objects(env)
     api.create_namespaced_custom_object(
         "thundercompute.com", "v1alpha1", namespace, "clients", body
     )
+    if pending:
+        return
     api.patch_namespaced_custom_object_status(
         "thundercompute.com",
         "v1alpha1",
@@ -187,6 +194,22 @@ def test_a_client_whose_claim_has_another_uid_is_revoked_after_the_grace_period(
     }
     assert {"ClaimGone", "EnrollmentRevoked"} <= reasons
     assert env.operator.metric("thunder_dra_operator_clients_reaped_total", result="revoked") >= 1
+
+
+def test_a_pending_client_is_revoked_by_the_client_id_in_its_spec(
+    env: OperatorEnv, namespace: str
+) -> None:
+    """A daemon that died between its answer and the record's status write leaves the
+    client ID in the spec only: the signature verifies and both revocations are made."""
+    token_id, client_id = enroll(env)
+    record_client(
+        env, namespace, "pending", ("gone", str(uuid.uuid4())), token_id, client_id, pending=True
+    )
+    wait_for(
+        lambda: client_object(env, namespace, "pending") is None,
+        "the pending Client to be revoked and removed",
+    )
+    assert_revoked(env, token_id, client_id)
 
 
 def test_a_client_deleted_while_its_claim_exists_keeps_its_finalizer(

@@ -10,6 +10,7 @@ import pytest
 from tests.unit.plugin.fakes import Recording
 from tests.unit.plugin.lifecycle_node import NAMESPACE, World
 from thunder_dra.kube.resources import EVENTS
+from thunder_dra.plugin.kubelet import handler
 from thunder_dra.plugin.state.checkpoint import ClaimState, PreparedClaim
 from thunder_dra.plugin.state.crashpoints import PREPARE_STEPS, UNPREPARE_STEPS
 
@@ -36,8 +37,10 @@ async def test_a_pod_claim_is_prepared_repeated_and_unprepared(world: World) -> 
     }
     assert first.state is ClaimState.PREPARED
     assert crash.reached_steps == [s for s in PREPARE_STEPS if s != "prepare:secret-written"]
+    await daemon.service.drain()  # the record's status is written after the answer
     (record,) = world.client_records()
     assert record["spec"]["enrollmentTokenId"] == first.enrollment_token_id
+    assert record["spec"]["clientId"] == first.client_id
     assert record["status"] == {"phase": "Enrolled", "clientId": first.client_id}
     assert world.live_clients() == [first.client_id]
     assert world.checkpoint_claims()[ref.uid]["clientId"] == first.client_id
@@ -142,7 +145,6 @@ KUBE_FAILURES = [
     ("GET", r"/resourceslices$", 503, "reading the slices of pool"),
     ("GET", r"/pods/train-pod$", 500, "reading the consuming pod"),
     ("POST", r"/clients$", 503, "create"),
-    ("PATCH", r"/clients/[^/]+/status$", 500, "status"),
 ]
 
 
@@ -224,3 +226,65 @@ async def test_a_failing_prepare_retried_by_the_kubelet_is_one_event(world: Worl
     (event,) = world.of_collection(EVENTS.collection(NAMESPACE))
     assert event["involvedObject"]["uid"] == ref.uid
     assert len(world.kube.calls("POST", EVENTS.collection(NAMESPACE))) == 1
+
+
+STATUS_WRITE = r"/clients/[^/]+/status$"
+
+
+@pytest.fixture
+def quick_record_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handler, "RECORD_RETRY_SECONDS", 0.0)
+
+
+@pytest.mark.usefixtures("quick_record_retries")
+async def test_the_record_status_is_written_after_the_answer_and_retried(world: World) -> None:
+    """The kubelet's answer does not wait for the record's status: a status write that
+    fails does not fail the prepare, the record (client ID in its spec) stays Pending, and
+    the write is tried again."""
+    daemon = await world.start()
+    ref = world.claim("train")
+    world.kube.fail("PATCH", STATUS_WRITE, status=500, times=2)
+    prepared = _prepared((await daemon.prepare(ref))[ref.uid])
+    await daemon.service.drain()
+    (record,) = world.client_records()
+    assert record["spec"]["clientId"] == prepared.client_id
+    assert record["status"] == {"phase": "Enrolled", "clientId": prepared.client_id}
+    assert len(world.kube.calls("PATCH", "/apis/thundercompute.com")) >= 3
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    world.assert_clean()
+
+
+@pytest.mark.usefixtures("quick_record_retries")
+async def test_a_record_left_pending_is_set_enrolled_by_the_next_prepare(world: World) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    world.kube.fail("PATCH", STATUS_WRITE, status=500, times=None)
+    prepared = _prepared((await daemon.prepare(ref))[ref.uid])
+    await daemon.service.drain()
+    (record,) = world.client_records()
+    assert record["spec"]["clientId"] == prepared.client_id
+    assert "status" not in record  # every try failed: Pending
+    world.kube.faults.clear()
+    assert _prepared((await daemon.prepare(ref))[ref.uid]) == prepared
+    await daemon.service.drain()
+    (record,) = world.client_records()
+    assert record["status"] == {"phase": "Enrolled", "clientId": prepared.client_id}
+
+
+async def test_a_record_left_pending_by_a_crash_is_set_enrolled_at_start_up(
+    world: World,
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    world.kube.fail("PATCH", STATUS_WRITE, hang=True, times=None)
+    prepared = _prepared((await daemon.prepare(ref))[ref.uid])
+    await daemon.kill()  # while the status write hangs
+    (record,) = world.client_records()
+    assert "status" not in record
+    world.kube.faults.clear()
+    restarted = await world.start(instance="instance-2")
+    (record,) = world.client_records()
+    assert record["status"] == {"phase": "Enrolled", "clientId": prepared.client_id}
+    assert world.live_clients() == [prepared.client_id]
+    assert await restarted.unprepare(ref) == {ref.uid: ""}
+    world.assert_clean()

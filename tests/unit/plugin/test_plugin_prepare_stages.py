@@ -60,7 +60,7 @@ async def test_the_config_the_record_and_the_cdi_spec_are_written_at_once(
     meeting = Meeting(3)
     config = meeting.wrap("config", clientconfig.write_client_config)
     monkeypatch.setattr(prepare_module, "write_client_config", config)
-    monkeypatch.setattr(records, "record_client", meeting.wrap("record", records.record_client))
+    monkeypatch.setattr(records, "write_client", meeting.wrap("record", records.write_client))
     monkeypatch.setattr(cdi, "write_claim", meeting.wrap("cdi", cdi.write_claim))
     ref = world.claim("train")
     prepared = (await daemon.prepare(ref))[ref.uid]
@@ -92,7 +92,7 @@ async def test_a_failed_record_lets_the_files_finish_then_rolls_everything_back(
         written.append(path.name)
         return path
 
-    monkeypatch.setattr(records, "record_client", refuse)
+    monkeypatch.setattr(records, "write_client", refuse)
     monkeypatch.setattr(cdi, "write_claim", spec_then_note)
     ref = world.claim("train")
     error = (await daemon.prepare(ref))[ref.uid]

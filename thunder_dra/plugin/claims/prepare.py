@@ -9,10 +9,13 @@ The order (docs/daemon.md#preparing-a-claim), every step safe to crash after:
 3. journal the mint, mint a client token (thunder-api.md 2.6), record its ID;
 4. pods: exchange it (thunder-api.md 2.9, hostname = the pod's name), record the client
    ID; VMs: write the ``<claim>-thunder-setup`` Secret instead;
-5. record the ``Client`` (finalizer, spec, status Enrolled); for pods, the claim's
-   ``config.json`` and its CDI spec are written at the same time (none of the three
-   depends on another);
-6. commit the checkpoint, close the journal entry, answer.
+5. record the ``Client`` (finalizer, provenance, spec with the token and client IDs);
+   for pods, the claim's ``config.json`` and its CDI spec are written at the same time
+   (none of the three depends on another);
+6. commit the checkpoint, close the journal entry, answer;
+7. after the answer, set the ``Client`` status to ``Enrolled``
+   (:meth:`thunder_dra.plugin.kubelet.handler.ClaimService`): a record still ``Pending``
+   holds everything its revocation needs, and the daemon's start-up repair finishes it.
 
 Any failure rolls the attempt back through the journal (:mod:`rollback`), and the error
 says which step failed. The rollback reads the entry back from disk and decides from the
@@ -299,14 +302,14 @@ class Preparer:
             }
         )
         if files is None:
-            await d.records.record_client(enrolled)
+            await d.records.write_client(enrolled)
             d.crash.reached("prepare:client-recorded")
         else:
             # With the client ID journaled, the files and the record depend on nothing but
             # it: written at once, all done before the checkpoint commits the claim.
             await d.crash.together(
                 (write_client_config(files.directory, config), "prepare:config-written"),
-                (d.records.record_client(enrolled), "prepare:client-recorded"),
+                (d.records.write_client(enrolled), "prepare:client-recorded"),
                 (
                     d.cdi.write_claim(
                         enrolled,

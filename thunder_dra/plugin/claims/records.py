@@ -78,6 +78,7 @@ def client_spec(claim: PreparedClaim, node_name: str) -> ClientSpec:
         enrollment_token_id=claim.enrollment_token_id or "",
         consumer_kind=ConsumerKind.VIRTUAL_MACHINE if claim.is_vm else ConsumerKind.POD,
         consumer_name=claim.consumer.name,
+        client_id=claim.client_id or "",
     )
 
 
@@ -128,7 +129,7 @@ def claim_from_client(
         gpu_type=spec.gpu_type,
         gpu_count=spec.gpu_count,
         enrollment_token_id=spec.enrollment_token_id or None,
-        client_id=(client.status.client_id if client.status else None) or None,
+        client_id=client.client_id,
         secret_name=guest_secret_name(spec.claim.name) if vm else None,
         devices=devices,
         paths=paths,
@@ -163,13 +164,28 @@ class Records:
 
     async def record_client(self, claim: PreparedClaim) -> None:
         """Create (or bring up to date) the claim's Client, then set its status."""
+        await self.write_client(claim)
+        await self.mark_enrolled(claim)
+
+    async def write_client(self, claim: PreparedClaim) -> None:
+        """Create (or bring up to date) the claim's Client: finalizer, provenance and spec,
+        the client ID included, which is all the operator's reaper and a checkpoint
+        rebuild need. Its status stays ``Pending`` until :meth:`mark_enrolled`."""
         try:
             await self._kube.create_client(claim.namespace, self._client_body(claim))
         except Conflict:
             await self._adopt(claim)
-        await self._kube.patch_client_status(
-            claim.namespace, client_name(claim.uid), client_status(claim)
-        )
+
+    async def mark_enrolled(self, claim: PreparedClaim) -> bool:
+        """Set the claim's Client status to ``Enrolled`` (with the client ID, or a VM's
+        note); False if the record is gone."""
+        try:
+            await self._kube.patch_client_status(
+                claim.namespace, client_name(claim.uid), client_status(claim)
+            )
+        except NotFound:
+            return False
+        return True
 
     async def _adopt(self, claim: PreparedClaim) -> None:
         name = client_name(claim.uid)

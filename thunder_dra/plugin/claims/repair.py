@@ -8,7 +8,8 @@ claim enrolled before binding is prepared by the kubelet with files only):
 - the CDI spec is rewritten from the checkpoint when missing (``/var/run/cdi`` is a
   tmpfs, emptied by a reboot);
 - a cached ``libthunder.so`` that went missing is fetched again by its digest;
-- a missing ``Client`` record is re-created from the checkpoint;
+- a missing ``Client`` record is re-created from the checkpoint, and one still
+  ``Pending`` (its status is written after the kubelet's answer) is set ``Enrolled``;
 - a missing ``config.json`` cannot be rebuilt (its credential exists nowhere else), so
   the claim is enrolled again: the old enrollment is revoked first, then a new one is
   minted, exchanged and recorded through the journal like any prepare. The kubelet's
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 
+from thunder_dra.api import ClientPhase
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.plugin.claims.allocation import parse_claim
 from thunder_dra.plugin.claims.prepare import Preparer
@@ -75,20 +77,30 @@ class Repairer:
             await self._restore_record(prepared)
         return prepared
 
-    async def restore_record(self, prepared: PreparedClaim) -> None:
-        """Re-create the claim's ``Client`` record if it is missing, provided the
-        checkpoint still holds the claim as ``prepared`` (an unprepare, or a new
-        enrollment, may have come first). The caller holds the node and claim locks."""
+    async def restore_record(self, prepared: PreparedClaim, *, created: bool = False) -> None:
+        """After the kubelet's answer: with ``created`` (a prepare that just wrote the
+        record), set its status to ``Enrolled``; otherwise check the record and restore
+        what is missing. Only while the checkpoint still holds the claim as ``prepared``
+        (an unprepare, or a new enrollment, may have come first). The caller holds the
+        node and claim locks."""
         current = self.d.checkpoint.current.claims.get(prepared.uid)
         if current != prepared:
             return
-        await self._restore_record(prepared)
+        if created:
+            await self.d.records.mark_enrolled(prepared)
+        else:
+            await self._restore_record(prepared)
 
     async def _restore_record(self, prepared: PreparedClaim) -> None:
         d = self.d
-        if await d.records.get_client(prepared.namespace, prepared.uid) is None:
+        record = await d.records.get_client(prepared.namespace, prepared.uid)
+        if record is None:
             await d.records.record_client(prepared)
             log.info("re-created a missing Client record", extra=_fields(prepared))
+        elif record.status is None or record.status.phase is ClientPhase.PENDING:
+            # Written, but the status after the answer was not (a crash, the API down).
+            await d.records.mark_enrolled(prepared)
+            log.info("set a prepared claim's Client record Enrolled", extra=_fields(prepared))
 
     async def _preload_of(self, prepared: PreparedClaim) -> bool:
         # Not in the checkpoint: the claim itself is the source of truth for its options.

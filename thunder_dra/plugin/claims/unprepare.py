@@ -121,13 +121,12 @@ class Unpreparer:
             and record.spec.claim.uid == ref.uid
         )
         if record is not None and ours:
-            client_id = record.status.client_id if record.status else None
             log.warning(
                 "unpreparing a claim missing from the checkpoint, from its Client record",
                 extra={"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name},
             )
             try:
-                await self._undo.revoke(record.spec.enrollment_token_id or None, client_id)
+                await self._undo.revoke(record.spec.enrollment_token_id or None, record.client_id)
             except ThunderError as err:
                 raise ClaimError(
                     f"Thunder revocation failed: {err}", ErrorReason.THUNDER_REVOKE

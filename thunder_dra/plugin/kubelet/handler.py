@@ -44,6 +44,10 @@ from thunder_dra.plugin.state.locks import KeyedLocks, NodeSerializeLock
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 DEFAULT_CLAIM_CONCURRENCY = 20  # --claim-concurrency
+# The Client record's work after an answer: tries, and the pause before the n-th retry
+# (n times this), short enough that a shutdown's drain is not held for long.
+RECORD_ATTEMPTS = 3
+RECORD_RETRY_SECONDS = 0.5
 # The kubelet's DRA service (v1 and v1beta1 alike), as the call spans name it.
 _DRA_SERVICE = "DRAPlugin"
 
@@ -146,27 +150,37 @@ class ClaimService:
         while self._running:
             await asyncio.gather(*list(self._running), return_exceptions=True)
 
-    def _after_answer(self, prepared: PreparedClaim) -> None:
-        """Check a repeated prepare's ``Client`` record once the kubelet has its answer,
-        under the same locks as any claim work (so an unprepare waits for it)."""
+    def _after_answer(self, prepared: PreparedClaim, *, created: bool) -> None:
+        """Once the kubelet has its answer, set the ``Client`` record of a claim just
+        prepared ``Enrolled`` (``created``), or check a repeated prepare's record; under
+        the same locks as any claim work, so an unprepare waits for it. A failure is
+        tried again, at most :data:`RECORD_ATTEMPTS` times, the locks released between
+        tries; after that the next repeated prepare, or the start-up repair, finishes it."""
 
         async def restore() -> None:
-            try:
-                async with self._claim_locks.hold(prepared.uid):
-                    await self._repairer.restore_record(prepared)
-            except Exception as err:
-                # The next repeated prepare, or the start-up repair, checks it again.
-                log.warning(
-                    "checking a prepared claim's Client record failed",
-                    extra={
-                        "claim_uid": prepared.uid,
-                        "namespace": prepared.namespace,
-                        "claim": prepared.name,
-                        "error": str(err),
-                    },
-                )
+            async with self._claim_locks.hold(prepared.uid):
+                await self._repairer.restore_record(prepared, created=created)
 
-        self._track(self._under_node_lock(restore))
+        async def attempts() -> None:
+            for attempt in range(1, RECORD_ATTEMPTS + 1):
+                try:
+                    await self._under_node_lock(restore)
+                    return
+                except Exception as err:
+                    log.warning(
+                        "writing a prepared claim's Client record failed",
+                        extra={
+                            "claim_uid": prepared.uid,
+                            "namespace": prepared.namespace,
+                            "claim": prepared.name,
+                            "attempt": attempt,
+                            "error": str(err),
+                        },
+                    )
+                if attempt < RECORD_ATTEMPTS:
+                    await asyncio.sleep(RECORD_RETRY_SECONDS * attempt)
+
+        self._track(attempts())
 
     async def _under_node_lock(self, work: Callable[[], Awaitable[_T]]) -> _T:
         waited = time.monotonic()
@@ -265,13 +279,14 @@ class ClaimService:
         existing = self._checkpoint.current.claims.get(ref.uid)
         if existing is not None and existing.state is ClaimState.PREPARED:
             repaired = await self._repairer.repair(existing, record=False)
-            self._after_answer(repaired)
+            self._after_answer(repaired, created=repaired is not existing)
             return repaired
         if existing is not None:
             # An unprepare (or an older format's half-prepare) was interrupted: finish it,
             # so the claim is enrolled from a clean slate.
             await self._unpreparer.finish(existing)
         prepared = await self._preparer.prepare(ref)
+        self._after_answer(prepared, created=True)
         log.info(
             "claim prepared",
             extra={
