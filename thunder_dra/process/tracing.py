@@ -1,7 +1,9 @@
 """OpenTelemetry tracing for both processes, configured by the standard `OTEL_*` variables.
 
 Spans are always made (so log lines carry `trace_id` and `span_id`); they leave the
-process only when an exporter is configured:
+process only when an exporter is configured. Without one (and without
+`OTEL_TRACES_SAMPLER`), spans are not recorded: each still has its trace and span IDs,
+but its attributes, events and timings, which nobody would read, cost nothing.
 
 - `OTEL_TRACES_EXPORTER`: `none` (the default), `console` (finished spans on stderr),
   `otlp`, or a comma-separated list of these. `otlp` sends OTLP/HTTP with protobuf
@@ -35,6 +37,7 @@ from opentelemetry.sdk.resources import (
 )
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from thunder_dra.version import __version__
 
@@ -109,8 +112,10 @@ def configure_tracing(default_service_name: str, *, install_global: bool = True)
 
     The caller shuts it down on exit (that flushes spans still waiting for export).
     """
-    provider = TracerProvider(resource=service_resource(default_service_name))
-    for exporter in _exporters():
+    exporters = _exporters()
+    sampler = None if exporters or os.environ.get("OTEL_TRACES_SAMPLER") else ALWAYS_OFF
+    provider = TracerProvider(resource=service_resource(default_service_name), sampler=sampler)
+    for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     if install_global:
         trace.set_tracer_provider(provider)

@@ -3,6 +3,7 @@ fake Thunder service, and each prepare step's failure rolled back without a leak
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -287,4 +288,19 @@ async def test_a_record_left_pending_by_a_crash_is_set_enrolled_at_start_up(
     assert record["status"] == {"phase": "Enrolled", "clientId": prepared.client_id}
     assert world.live_clients() == [prepared.client_id]
     assert await restarted.unprepare(ref) == {ref.uid: ""}
+    world.assert_clean()
+
+
+async def test_an_unprepare_does_not_wait_for_the_record_status(world: World) -> None:
+    """A pod deleted right after its start: the unprepare cancels the status write it
+    would otherwise queue behind (here one that never answers), and removes the record."""
+    daemon = await world.start()
+    ref = world.claim("train")
+    world.kube.fail("PATCH", STATUS_WRITE, hang=True, times=None)
+    _prepared((await daemon.prepare(ref))[ref.uid])
+    for _ in range(5):  # let the status write start and hang
+        await asyncio.sleep(0)
+    assert world.kube.calls("PATCH")
+    assert await asyncio.wait_for(daemon.unprepare(ref), 30) == {ref.uid: ""}
+    await daemon.service.drain()
     world.assert_clean()

@@ -54,6 +54,9 @@ def test_spans_are_exported_only_when_asked(
     provider = configure_tracing(DAEMON_SERVICE, install_global=False)
     with provider.get_tracer("test").start_as_current_span("quiet") as span:
         assert span.get_span_context().is_valid  # made, so logs can carry its ids
+        assert not span.is_recording()  # nobody reads it: nothing recorded
+        with provider.get_tracer("test").start_as_current_span("child") as child:
+            assert child.get_span_context().trace_id == span.get_span_context().trace_id
     provider.shutdown()
     assert capsys.readouterr().err == ""
 
@@ -90,3 +93,13 @@ def test_unknown_or_missing_exporters_are_named_in_a_warning(
         by_message["unknown OTLP protocol, spans are not exported over OTLP"].protocol  # type: ignore[attr-defined]
         == "carrier-pigeon"
     )
+
+
+def test_a_sampler_set_by_the_user_is_honoured_without_an_exporter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    provider = configure_tracing(DAEMON_SERVICE, install_global=False)
+    with provider.get_tracer("test").start_as_current_span("kept") as span:
+        assert span.is_recording()
+    provider.shutdown()

@@ -133,6 +133,8 @@ class ClaimService:
         self._slots = slots or ClaimSlots(DEFAULT_CLAIM_CONCURRENCY, metrics.registry)
         self._running: set[asyncio.Task[Any]] = set()
         self._status = status
+        # A just-prepared claim's record status write, by claim UID, until it is done.
+        self._enrolled_writes: dict[str, asyncio.Future[None]] = {}
 
     def _track(self, work: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
         """Run ``work`` as a task :meth:`drain` waits for."""
@@ -153,9 +155,10 @@ class ClaimService:
     def _after_answer(self, prepared: PreparedClaim, *, created: bool) -> None:
         """Once the kubelet has its answer, set the ``Client`` record of a claim just
         prepared ``Enrolled`` (``created``), or check a repeated prepare's record; under
-        the same locks as any claim work, so an unprepare waits for it. A failure is
-        tried again, at most :data:`RECORD_ATTEMPTS` times, the locks released between
-        tries; after that the next repeated prepare, or the start-up repair, finishes it."""
+        the same locks as any claim work. An unprepare of the claim waits for the check
+        and cancels the status write (it removes the record anyway). A failure is tried
+        again, at most :data:`RECORD_ATTEMPTS` times, the locks released between tries;
+        after that the next repeated prepare, or the start-up repair, finishes it."""
 
         async def restore() -> None:
             async with self._claim_locks.hold(prepared.uid):
@@ -180,7 +183,16 @@ class ClaimService:
                 if attempt < RECORD_ATTEMPTS:
                     await asyncio.sleep(RECORD_RETRY_SECONDS * attempt)
 
-        self._track(attempts())
+        task = self._track(attempts())
+        if created:
+            # An unprepare of the claim cancels it: the record goes, and a status write
+            # that lands late changes nothing.
+            self._enrolled_writes[prepared.uid] = task
+            task.add_done_callback(lambda done: self._forget_enrolled_write(prepared.uid, done))
+
+    def _forget_enrolled_write(self, uid: str, done: asyncio.Future[None]) -> None:
+        if self._enrolled_writes.get(uid) is done:
+            del self._enrolled_writes[uid]
 
     async def _under_node_lock(self, work: Callable[[], Awaitable[_T]]) -> _T:
         waited = time.monotonic()
@@ -320,6 +332,9 @@ class ClaimService:
             "thunder_dra.unprepare",
             attributes={"k8s.resourceclaim.uid": ref.uid, "k8s.namespace.name": ref.namespace},
         ) as span:
+            pending = self._enrolled_writes.pop(ref.uid, None)
+            if pending is not None:
+                pending.cancel()
             try:
                 async with self._claim_locks.hold(ref.uid), self._slots.held():
                     await self._unpreparer.unprepare(ref)
