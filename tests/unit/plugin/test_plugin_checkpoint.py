@@ -9,6 +9,8 @@ import stat
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from thunder_dra import fsutil
@@ -313,3 +315,37 @@ async def test_after_a_failed_write_the_file_is_read_again(
     reads = _Reads(monkeypatch)
     assert sorted((await store.load()).claims) == ["uid-1", "uid-2"]
     assert reads.count == 1
+
+
+_TEXT = st.text(min_size=1, max_size=12)  # any code point: ensure_ascii=False keeps them
+
+
+@st.composite
+def _claims(draw: st.DrawFn) -> ck.PreparedClaim:
+    uid = draw(st.sampled_from(["a", "b", "c", "é", "Z", "uid-1", "uid-10", "uid-2"]))
+    return _claim(
+        uid,
+        name=draw(_TEXT),
+        consumer=ck.Consumer(kind=draw(st.sampled_from(["pod", "vm"])), name=draw(_TEXT)),
+        gpu_count=draw(st.integers(1, 64)),
+        client_id=draw(st.none() | _TEXT),
+        state=draw(st.sampled_from(list(ck.ClaimState))),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), _claims()), max_size=30))
+def test_claims_encoded_once_give_exactly_the_canonical_file(
+    steps: list[tuple[bool, ck.PreparedClaim]],
+) -> None:
+    """Whatever sequence of puts and drops, the store's reuse of encoded claims writes
+    byte for byte what encoding the whole checkpoint afresh writes."""
+    encoded = ck.EncodedClaims()
+    checkpoint = ck.Checkpoint()
+    for put, claim in steps:
+        checkpoint = checkpoint.with_claim(claim) if put else checkpoint.without_claim(claim.uid)
+        reused = ck.encode_checkpoint(checkpoint, encoded)
+        assert reused == ck.encode_checkpoint(checkpoint)
+        document = json.loads(reused)
+        assert reused == ck._canonical(document) + b"\n"
+        assert ck.decode_checkpoint(reused, Path("checkpoint.json")) == checkpoint

@@ -170,15 +170,47 @@ def payload_checksum(payload: Any) -> str:
     return hashlib.sha256(_canonical(payload)).hexdigest()
 
 
-def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+class EncodedClaims:
+    """Each claim's canonical JSON (``"<uid>":{...}``), kept while the claim is unchanged,
+    so a checkpoint write encodes only the claims that changed since the previous write.
+    Claims are immutable: an unchanged claim is the very same object. One writer at a
+    time."""
+
+    def __init__(self) -> None:
+        self._by_uid: dict[str, tuple[PreparedClaim, bytes]] = {}
+
+    def payload(self, checkpoint: Checkpoint) -> bytes:
+        """Exactly ``_canonical(checkpoint.model_dump(mode="json", by_alias=True))``."""
+        kept: dict[str, tuple[PreparedClaim, bytes]] = {}
+        parts: list[bytes] = []
+        for uid in sorted(checkpoint.claims):
+            claim = checkpoint.claims[uid]
+            cached = self._by_uid.get(uid)
+            if cached is not None and cached[0] is claim:
+                part = cached[1]
+            else:
+                part = (
+                    _canonical(uid)
+                    + b":"
+                    + _canonical(claim.model_dump(mode="json", by_alias=True))
+                )
+            kept[uid] = (claim, part)
+            parts.append(part)
+        self._by_uid = kept
+        return b'{"claims":{' + b",".join(parts) + b"}}"
+
+
+def encode_checkpoint(checkpoint: Checkpoint, encoded: EncodedClaims | None = None) -> bytes:
     """The file content for ``checkpoint``: the canonical document, one line.
 
     The payload is serialised once, in canonical form, and that text is both what is
     hashed and what is written (a pretty-printed copy would mean a second, much slower
     pure-Python encoding of every claim on every write). The result is exactly
     ``json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``.
+    With ``encoded`` (the store's), claims unchanged since its last use are not encoded
+    again.
     """
-    canonical = _canonical(checkpoint.model_dump(mode="json", by_alias=True))
+    canonical = (encoded or EncodedClaims()).payload(checkpoint)
     checksum = hashlib.sha256(canonical).hexdigest()
     return b"".join(
         (
@@ -277,6 +309,7 @@ class CheckpointStore:
         self._persisted = 0  # value of _changes that the file reflects
         # The file as _durable was last read from or written to it; None: unknown.
         self._identity: FileIdentity | None = None
+        self._encoded = EncodedClaims()  # used by one write at a time (under _lock)
 
     @property
     def current(self) -> Checkpoint:
@@ -400,7 +433,7 @@ class CheckpointStore:
     def _write_sync(self, snapshot: Checkpoint) -> FileIdentity | None:
         """Write ``snapshot``; the identity of the file written (taken under the node
         lock, which every writer of the file holds)."""
-        content = encode_checkpoint(snapshot)
+        content = encode_checkpoint(snapshot, self._encoded)
         if not self.path.parent.is_dir():
             # Only a missing directory gets a mode: it may be the shared plugin directory.
             fsutil.ensure_dir(self.path.parent, 0o700)
