@@ -462,6 +462,9 @@ class Workloads:
         self, node: NodeHarness, *, count: int = 1, vm: bool = False, prefix: str = "p"
     ) -> tuple[str, str]:
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        # Named and labelled as KubeVirt makes a VM's virt-launcher pod.
+        if vm:
+            name = f"virt-launcher-{name}"
         labels = {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": f"vm-{name}"} if vm else {}
         self.kube.create_pod(
             self.namespace, gpu_pod(name, node.name, self.template(count), labels=labels)

@@ -140,7 +140,7 @@ class World:
         self, name: str, *, devices: int = 1, pod: str | None = None, vm: bool = False
     ) -> ClaimReference:
         """An allocated ResourceClaim reserved for a pod (a virt-launcher pod if ``vm``)."""
-        pod = pod or f"{name}-pod"
+        pod = pod or (f"virt-launcher-{name}-0" if vm else f"{name}-pod")
         stored = self.kube.put(
             RESOURCE_CLAIMS.collection(NAMESPACE),
             {

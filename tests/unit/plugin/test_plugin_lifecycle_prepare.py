@@ -144,7 +144,6 @@ async def test_a_failed_thunder_step_is_rolled_back_and_the_retry_succeeds(
 KUBE_FAILURES = [
     ("GET", r"/resourceclaims/train$", 500, "the claim's read"),
     ("GET", r"/resourceslices$", 503, "reading the slices of pool"),
-    ("GET", r"/pods/train-pod$", 500, "reading the consuming pod"),
     ("POST", r"/clients$", 503, "create"),
 ]
 
@@ -171,6 +170,34 @@ async def test_a_failed_kubernetes_step_is_rolled_back_and_the_retry_succeeds(
     _prepared((await daemon.prepare(ref))[ref.uid])
     assert await daemon.unprepare(ref) == {ref.uid: ""}
     world.assert_clean()
+
+
+async def test_a_vm_pod_that_cannot_be_read_fails_the_prepare_naming_it(world: World) -> None:
+    daemon = await world.start()
+    ref = world.claim("desk", vm=True)
+    world.kube.fail("GET", r"/pods/virt-launcher-desk-0$", status=500, times=None)
+    error = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(error, str)
+    assert "reading the consuming pod" in error
+    assert "500" in error
+    assert world.live_tokens() == []
+    assert world.leaks() == []
+    world.kube.faults.clear()
+    prepared = _prepared((await daemon.prepare(ref))[ref.uid])
+    assert prepared.consumer.kind == "vm"
+
+
+async def test_a_pod_not_named_as_kubevirt_names_them_is_not_read(world: World) -> None:
+    """Only a pod named ``virt-launcher-...`` can be a VM's; any other is prepared as a
+    pod without reading it, labels or not."""
+    daemon = await world.start()
+    ref = world.claim("train", pod="trainer", vm=True)  # labelled, but not so named
+    prepared = _prepared((await daemon.prepare(ref))[ref.uid])
+    assert prepared.consumer.kind == "pod"
+    assert prepared.consumer.name == "trainer"
+    assert world.kube.calls("GET", f"/api/v1/namespaces/{NAMESPACE}/pods") == []
+    assert world.secrets() == []
+    assert world.node_files()
 
 
 async def test_a_vm_secret_that_cannot_be_written_is_rolled_back(world: World) -> None:

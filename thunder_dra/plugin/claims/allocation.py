@@ -46,6 +46,9 @@ from thunder_dra.thunder import ThunderClient, ThunderError
 
 ZONE_ID_TTL = 30.0
 VIRT_LAUNCHER_LABEL = ("kubevirt.io", "virt-launcher")
+VIRT_LAUNCHER_PREFIX = "virt-launcher-"
+"""KubeVirt names every virt-launcher pod ``virt-launcher-<VMI name>-<suffix>`` (its
+``generateName``): a pod named otherwise is never a VM's, and is not read to find out."""
 VM_NAME_LABELS = ("vm.kubevirt.io/name", "kubevirt.io/domain")
 # Keys a claim may pass in an opaque device config for this driver.
 _OPAQUE_KEYS = frozenset({"apiVersion", "kind", "ldPreload"})
@@ -196,7 +199,14 @@ def reserved_pods(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     ]
 
 
+def may_be_virt_launcher(pod_name: str) -> bool:
+    return pod_name.startswith(VIRT_LAUNCHER_PREFIX)
+
+
 def is_virt_launcher(pod: Mapping[str, Any]) -> bool:
+    """Named as KubeVirt names virt-launcher pods, and labelled as it labels them."""
+    if not may_be_virt_launcher(bodies.name(pod)):
+        return False
     labels = bodies.labels(pod)
     key, value = VIRT_LAUNCHER_LABEL
     return bool(labels.get(key) == value)

@@ -3,7 +3,8 @@
 The order (docs/daemon.md#preparing-a-claim), every step safe to crash after:
 
 1. read the claim and its allocation for this driver; map the pool to Thunder's zone and
-   model spellings; find the consumer (a KubeVirt virt-launcher pod means a VM);
+   model spellings; find the consumer (a KubeVirt virt-launcher pod means a VM; only a
+   pod named as KubeVirt names them is read to find out);
 2. for pods, make sure the verified ``libthunder.so`` is in the node cache *before*
    minting, so a bad download never costs an enrollment;
 3. journal the mint, mint a client token (thunder-api.md 2.6), record its ID;
@@ -43,6 +44,7 @@ from thunder_dra.plugin.claims.allocation import (
     PoolResolver,
     ZoneIds,
     is_virt_launcher,
+    may_be_virt_launcher,
     parse_claim,
     vm_name,
 )
@@ -143,6 +145,8 @@ class Preparer:
     async def _consumer(self, ref: ClaimRef, pods: tuple[str, ...]) -> Consumer:
         if not pods:
             return Consumer(kind="pod", name="")
+        if not may_be_virt_launcher(pods[0]):
+            return Consumer(kind="pod", name=pods[0])  # not a VM's pod: nothing to read
         try:
             pod = await self.d.kube.get_pod(ref.namespace, pods[0])
         except kube_errors.NotFound:
