@@ -2,7 +2,8 @@
 the node daemon, side by side with the same calls to a minimal Go plugin (the floor).
 
     python -m bench.kubelet_calls [--claims 100] [--in-flight 20] [--baseline REF]
-                                  [--thunder-latency-ms N] [--write-docs] [--note TEXT]
+                                  [--thunder-latency-ms N] [--run-ms N] [--write-docs]
+                                  [--note TEXT]
 
 Set-up (all local, nothing timed) is the daemon benchmark's (bench.daemon_prepare): a local
 control plane, the fake Thunder service, one simulated client-only node with its pool's
@@ -24,6 +25,10 @@ docs/benchmarks.md.
 ``--thunder-latency-ms N`` makes the fake Thunder service answer every API request N ms
 late (one latency fault on ``/api/v1/*``), as a Thunder service across a network would;
 the run then writes its own section, after the loopback one.
+
+``--run-ms N`` lets each pod run N ms between its prepare and its unprepare (drabench
+``--run-for``, untimed), as a pod's containers run between the kubelet's two calls;
+without it a pod is unprepared the moment its prepare answers. Its own section too.
 
 ``--baseline REF`` adds "before", the daemon of an earlier commit, to the same run: the
 commit's tree is exported (``git archive``) into the run's temporary directory and started
@@ -333,10 +338,12 @@ def drive(
     *,
     warmup: Path | None = None,
     end_reservations: bool = False,
+    run_ms: int = 0,
 ) -> dict[str, Any]:
     """One drabench run against the plugin registered in ``registry``; its JSON result.
     ``warmup``: the pods of the untimed warm-up cycles (else the first of ``pods``);
-    ``end_reservations``: each pod's reservation removed between its two calls."""
+    ``end_reservations``: each pod's reservation removed between its two calls;
+    ``run_ms``: each pod runs that long between them."""
     assert env.cluster is not None
     state = env.root / f"kubelet-{name}"
     state.mkdir()
@@ -357,6 +364,8 @@ def drive(
         command += ["--warmup-claims", str(warmup)]
     if end_reservations:
         command.append("--end-reservations")
+    if run_ms:
+        command += ["--run-for", f"{run_ms}ms"]
     with log.open("wb") as stderr:
         done = subprocess.run(
             command,
@@ -396,6 +405,7 @@ def run_cases(
     workdir: Path,
     in_flights: Sequence[int],
     baseline: Baseline | None,
+    run_ms: int = 0,
 ) -> list[Case]:
     """Every case, in order: before (with a baseline), ours and floor for each number in
     flight, then ours enrolled before binding for each."""
@@ -429,7 +439,7 @@ def run_cases(
         for in_flight in in_flights:
             for plugin, (registry, pid) in plugins.items():
                 name = f"{plugin}-{in_flight}"
-                raw = drive(drabench, env, registry, pid, pods, in_flight, name)
+                raw = drive(drabench, env, registry, pid, pods, in_flight, name, run_ms=run_ms)
                 cases.append(parse_case(plugin, raw, clock_ticks))
                 print(f"{plugin}, {in_flight} in flight: done", file=sys.stderr)
 
@@ -454,6 +464,7 @@ def run_cases(
                 f"ours-binding-{in_flight}",
                 warmup=warmup,
                 end_reservations=True,
+                run_ms=run_ms,
             )
             minted = [
                 w
@@ -490,6 +501,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="answer every Thunder API request this late, as across a network (own section)",
     )
+    parser.add_argument(
+        "--run-ms",
+        type=int,
+        default=0,
+        help="each pod runs this long between its prepare and its unprepare (own section)",
+    )
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument(
         "--note", default="", help="a paragraph for the section, e.g. what else ran meanwhile"
@@ -497,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 <= args.thunder_latency_ms <= 10_000:
         parser.error("--thunder-latency-ms must be within 0-10000")
+    if not 0 <= args.run_ms <= 60_000:
+        parser.error("--run-ms must be within 0-60000")
     baseline = resolve_baseline(args.baseline) if args.baseline else None
     bin_dir = build()
     started = datetime.now(UTC)
@@ -510,19 +529,27 @@ def main(argv: list[str] | None = None) -> int:
             assert env.fake is not None
             env.fake.admin.add_fault("/api/v1/*", method="*", latency_ms=args.thunder_latency_ms)
         in_flights = sorted({1, args.in_flight})
-        cases = run_cases(env, bin_dir, Path(workdir), in_flights, baseline)
+        cases = run_cases(env, bin_dir, Path(workdir), in_flights, baseline, args.run_ms)
     machine = Machine.describe(started, sum(load) / len(load))
     command = command_line("bench.kubelet_calls", args, ["claims", "in_flight"])
     if baseline is not None:
         command += f" --baseline {baseline.commit}"
     if args.thunder_latency_ms:
         command += f" --thunder-latency-ms {args.thunder_latency_ms}"
+    if args.run_ms:
+        command += f" --run-ms {args.run_ms}"
     section = render(
-        cases, machine, command + " --write-docs", args.note, baseline, args.thunder_latency_ms
+        cases,
+        machine,
+        command + " --write-docs",
+        args.note,
+        baseline,
+        args.thunder_latency_ms,
+        args.run_ms,
     )
     print(section)
     if args.write_docs:
-        write_docs(section, thunder_latency_ms=args.thunder_latency_ms)
+        write_docs(section, thunder_latency_ms=args.thunder_latency_ms, run_ms=args.run_ms)
     return 0
 
 

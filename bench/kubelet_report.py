@@ -193,11 +193,15 @@ def _latency_header(compared: Sequence[str]) -> list[str]:
     ]
 
 
-def heading(thunder_latency_ms: int = 0) -> str:
-    """The section's heading: its own for a run with Thunder answering late."""
+def heading(thunder_latency_ms: int = 0, run_ms: int = 0) -> str:
+    """The section's heading: its own for a run with Thunder answering late, and for one
+    whose pods run between their two calls."""
+    title = HEADING
     if thunder_latency_ms:
-        return f"{HEADING}, Thunder {thunder_latency_ms} ms away"
-    return HEADING
+        title += f", Thunder {thunder_latency_ms} ms away"
+    if run_ms:
+        title += f", pods running {run_ms} ms"
+    return title
 
 
 def render(
@@ -207,6 +211,7 @@ def render(
     note: str = "",
     baseline: Baseline | None = None,
     thunder_latency_ms: int = 0,
+    run_ms: int = 0,
 ) -> str:
     """The "Kubelet calls" section of docs/benchmarks.md; with ``baseline``, "before"
     beside ours; with cases of :data:`OURS_BINDING`, the enrollment-before-binding rows;
@@ -336,15 +341,29 @@ def render(
         if thunder_latency_ms
         else []
     )
+    running = (
+        [
+            "",
+            f"Each pod runs {run_ms} ms between its prepare and its unprepare (drabench "
+            "`--run-for`, untimed), as a pod's containers run between the kubelet's two "
+            "calls. Where a pod is unprepared the moment its prepare answers, the work a "
+            "plugin does just after an answer (ours: the `Client` record's status, the "
+            "claim's status) overlaps the unprepare; here it is done by then. Claims per "
+            "second include the running time.",
+        ]
+        if run_ms
+        else []
+    )
     return "\n".join(
         [
-            heading(thunder_latency_ms),
+            heading(thunder_latency_ms, run_ms),
             "",
             f"Command: `{command}` ({machine.started}; {machine.arch}, {machine.cpus} CPUs "
             f"({machine.cpu_model}) shared by the control plane, the fake Thunder service, "
             f"{plugins} and the kubelet's DRA code; Python {machine.python}, "
             f"{machine.go}, Kubernetes {machine.kubernetes} modules).",
             *distant,
+            *running,
             "",
             "What the kubelet waits on before a pod's containers start and when it ends, "
             "measured with the kubelet's own code: `drabench` (hack/tools/kubeletbench) runs "
@@ -400,8 +419,12 @@ def render(
     )
 
 
-def write_docs(section: str, path: Path = DOC, thunder_latency_ms: int = 0) -> None:
+def write_docs(
+    section: str, path: Path = DOC, thunder_latency_ms: int = 0, run_ms: int = 0
+) -> None:
     """Replace the "Kubelet calls" section of docs/benchmarks.md (new: after "Daemon"),
-    or, for a run with Thunder answering late, its own section (new: after that one)."""
-    after = HEADING if thunder_latency_ms else "## Daemon"
-    replace_section(path, heading(thunder_latency_ms), section, intro=INTRO, after=after)
+    or, for a run with Thunder answering late or pods running, its own section (new:
+    after that one)."""
+    after = HEADING if thunder_latency_ms or run_ms else "## Daemon"
+    title = heading(thunder_latency_ms, run_ms)
+    replace_section(path, title, section, intro=INTRO, after=after)

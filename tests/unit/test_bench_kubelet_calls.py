@@ -313,3 +313,23 @@ def test_a_claim_is_enrolled_once_its_entry_says_enrolled() -> None:
     assert enrollment(_entry(("Ready", "True"))) is None
     assert enrollment(_entry(("Ready", "True"), (ENROLLED, "True"))) == ""
     assert enrollment(_entry(("Ready", "False"), (ENROLLMENT_FAILED, "True"))) == "R: M"
+
+
+def test_a_run_with_pods_running_has_its_own_section_after_the_loopback_one(
+    tmp_path: Path,
+) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(INTRO + "\n## Daemon\n\ndaemon figures\n\n## Operator\n\noperator figures\n")
+    write_docs(render(_cases(), MACHINE, "loopback"), doc)
+    running = render(_cases(), MACHINE, "running", run_ms=100)
+    assert running.startswith("## Kubelet calls, pods running 100 ms\n")
+    assert "Each pod runs 100 ms between its prepare and its unprepare" in running
+    assert "Each pod runs" not in render(_cases(), MACHINE, "loopback")
+    write_docs(running, doc, run_ms=100)
+    text = doc.read_text()
+    assert text.count("## Kubelet calls, pods running 100 ms") == 1
+    loopback, ran, operator = (
+        text.index(h)
+        for h in ("## Kubelet calls\n", "## Kubelet calls, pods running 100 ms", "## Operator")
+    )
+    assert loopback < ran < operator

@@ -20,7 +20,7 @@ import pytest
 from bench.kubelet_calls import Floor, build
 from bench.kubelet_report import parse_case
 from hack.cluster import Cluster
-from hack.testbed.kube import Kube
+from hack.testbed.kube import Kube, wait_for
 
 DRIVER = "thundercompute.com"
 CLAIMS = 5
@@ -175,3 +175,57 @@ def test_drabench_ends_reservations_between_the_calls_and_warms_up_on_its_own_po
             found = claims.get(name=pod["claim"], namespace=namespace).to_dict()
             assert not (found.get("status") or {}).get("reservedFor"), pod["claim"]
             assert (found.get("status") or {}).get("allocation"), pod["claim"]
+
+
+def test_drabench_lets_each_pod_run_between_its_calls_outside_both_timings(
+    programs: Path, cluster: Cluster, kube: Kube, workdir: Path
+) -> None:
+    node = f"kubeletbench-{uuid.uuid4().hex[:8]}"
+    run_for = 8.0
+    with kube.namespace("kubeletbench-runs") as namespace:
+        timed = [_reserved_claim(kube, namespace, 0)]
+        warmup = [_reserved_claim(kube, namespace, 1)]
+        (workdir / "pods.json").write_text(json.dumps(timed))
+        (workdir / "warmup.json").write_text(json.dumps(warmup))
+        floor = Floor(programs / "floorplugin", workdir / "floor", cluster.kubeconfig, node)
+        state = workdir / "kubelet"
+        state.mkdir()
+        checkpoint = state / "dra_manager_state"
+        command = [
+            str(programs / "drabench"),
+            "--kubeconfig", str(cluster.kubeconfig),
+            "--node", node,
+            "--registry-dir", str(floor.registry),
+            "--state-dir", str(state),
+            "--claims", str(workdir / "pods.json"),
+            "--warmup", "1",
+            "--warmup-claims", str(workdir / "warmup.json"),
+            "--run-for", f"{run_for:g}s",
+        ]  # fmt: skip
+        try:
+            proc = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            try:
+                # The timed pod is running: its claim is prepared in the kubelet's
+                # checkpoint, and drabench is still waiting to unprepare it.
+                wait_for(
+                    lambda: checkpoint.exists() and timed[0]["claim"] in checkpoint.read_text(),
+                    "the timed pod's claim prepared while it runs",
+                    timeout=120,
+                    interval=0.1,
+                )
+                assert proc.poll() is None
+                out, err = proc.communicate(timeout=300)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        finally:
+            floor.stop()
+        assert proc.returncode == 0, err[-3000:]
+        raw = json.loads(out)
+        assert len(raw["prepare_s"]) == len(raw["unprepare_s"]) == 1
+        # The pod's running time is in neither call's timing.
+        assert raw["prepare_s"][0] + raw["unprepare_s"][0] < run_for
+        assert timed[0]["claim"] not in checkpoint.read_text()

@@ -194,6 +194,25 @@ func cycle(ctx context.Context, manager *dra.Manager, c PodClaim, ended between)
 	return prepare, time.Since(unprepared), nil
 }
 
+// running is a pod's containers running for runFor after its prepare, then next (when not
+// nil): the time between a real pod's start and its end, which the kubelet does not spend
+// on the plugin.
+func running(runFor time.Duration, next between) between {
+	return func(ctx context.Context, c PodClaim) error {
+		if runFor > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(runFor):
+			}
+		}
+		if next != nil {
+			return next(ctx, c)
+		}
+		return nil
+	}
+}
+
 // endReservation removes the pod from its claim's status.reservedFor (a strategic merge
 // patch deleting the entry of the pod's UID), as the resourceclaim controller does once
 // the pod has ended. Its client is not the manager's, so the kubelet's rate limit is
@@ -277,6 +296,9 @@ func run(ctx context.Context, opts options) (*Result, error) {
 	}
 
 	var ended between
+	if opts.runFor > 0 {
+		ended = running(opts.runFor, nil)
+	}
 	if opts.endReservations {
 		controllerConfig := *restConfig
 		controllerConfig.QPS, controllerConfig.Burst = 1000, 1000
@@ -285,7 +307,7 @@ func run(ctx context.Context, opts options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		ended = endReservation(controller)
+		ended = running(opts.runFor, endReservation(controller))
 	}
 
 	kubeletmetrics.Register()
@@ -399,6 +421,7 @@ type options struct {
 	claims          string
 	warmupClaims    string
 	endReservations bool
+	runFor          time.Duration
 	inFlight        int
 	warmup          int
 	qps             float64
@@ -419,6 +442,7 @@ func main() {
 	flag.IntVar(&opts.warmup, "warmup", 2, "untimed cycles before the timed part; at least one is run, as it waits for the registration")
 	flag.StringVar(&opts.warmupClaims, "warmup-claims", "", "JSON file of pods and their claims for the warm-up cycles (default: the first --warmup of --claims)")
 	flag.BoolVar(&opts.endReservations, "end-reservations", false, "remove each pod from its claim's status.reservedFor between its prepare and its unprepare, untimed, as the resourceclaim controller does once a pod has ended")
+	flag.DurationVar(&opts.runFor, "run-for", 0, "how long each pod runs between its prepare and its unprepare, untimed (0: unprepared at once)")
 	flag.Float64Var(&opts.qps, "kube-api-qps", 50, "client rate limit (the kubelet's default kubeAPIQPS)")
 	flag.IntVar(&opts.burst, "kube-api-burst", 100, "client burst (the kubelet's default kubeAPIBurst)")
 	flag.DurationVar(&opts.registerTimeout, "register-timeout", 60*time.Second, "how long to wait for the plugin's registration")
