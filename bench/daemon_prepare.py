@@ -494,8 +494,13 @@ def render(report: dict[str, Any], claims: int) -> str:
             f"With {n} in flight the node completed one prepare + unprepare every "
             f"{report['cycle_ms']:.1f} ms. CPU time per prepare + unprepare of one claim: "
             + ", ".join(f"{name} {value:.1f} ms" for name, value in cpu.items())
-            + ". The daemon, one Python process, is the bottleneck: latency under load is "
-            "queueing behind its own CPU time.",
+            + (
+                ". The daemon, one Python process, is the bottleneck: latency under load is "
+                "queueing behind its own CPU time."
+                if cpu.get("daemon", 0.0) >= cpu.get("kube-apiserver", 0.0)
+                else ". The daemon and the API server spend the most CPU per claim; latency "
+                "under load is queueing behind the CPU time of both on these CPUs."
+            ),
             "",
             "| memory (daemon process) | MiB |",
             "| --- | ---: |",
@@ -525,11 +530,12 @@ def render(report: dict[str, Any], claims: int) -> str:
             "the claim read, the `Client` create and, after the answer, its status; 2 to "
             "unprepare) and the daemon "
             f"{cpu.get('daemon', 0.0):.1f} ms. Where the daemon's CPU went in the last "
-            "profile (py-spy, 2026-12-01): the Thunder client's "
-            "HTTP stack (httpx/httpcore, four requests per claim), the durable file writes "
-            "(the journal, the checkpoint, the CDI spec: each a write, an fsync and a "
-            "directory fsync, handed to worker threads) and asyncio's own overhead; the "
-            "Kubernetes client (aiohttp, six calls per claim) is a small share. Even a "
+            "profile (py-spy, samples holding the interpreter lock, 2026-12-03, during the "
+            "kubelet-calls benchmark): the Kubernetes client (aiohttp with TLS, five calls "
+            "per claim and the claim status writer's) about a quarter, the Thunder client "
+            "(httpx over aiohttp, four requests per claim) about a seventh, asyncio's own "
+            "scheduling and the hand-offs to worker threads most of the rest; the checkpoint "
+            "and the journal a few per cent. Even a "
             "daemon with no CPU cost at all would "
             "leave the API server's share above the per-claim budget, so the target cannot "
             "be met on this machine by the daemon alone. The uncontended figures (1 in "
