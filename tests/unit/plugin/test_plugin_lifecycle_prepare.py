@@ -318,16 +318,27 @@ async def test_a_record_left_pending_by_a_crash_is_set_enrolled_at_start_up(
     world.assert_clean()
 
 
-async def test_an_unprepare_does_not_wait_for_the_record_status(world: World) -> None:
-    """A pod deleted right after its start: the unprepare cancels the status write it
-    would otherwise queue behind (here one that never answers), and removes the record."""
+async def test_an_unprepare_cancels_a_record_status_write_not_under_way(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod deleted right after its start, while its record's status write waits for a
+    retry: the unprepare cancels the write rather than queue behind it, and removes the
+    record. (A write under way is waited for: its request is never cut off.)"""
+    monkeypatch.setattr(handler, "RECORD_RETRY_SECONDS", 3600.0)
     daemon = await world.start()
     ref = world.claim("train")
-    world.kube.fail("PATCH", STATUS_WRITE, hang=True, times=None)
+    world.kube.fail("PATCH", STATUS_WRITE, status=500, times=None)
+
+    def status_writes() -> list[object]:
+        return [r for r in world.kube.calls("PATCH") if r.path.endswith("/status")]
+
     _prepared((await daemon.prepare(ref))[ref.uid])
-    for _ in range(5):  # let the status write start and hang
+    for _ in range(50):  # until the first try has failed and the retry waits
+        if status_writes():
+            break
         await asyncio.sleep(0)
-    assert world.kube.calls("PATCH")
+    assert len(status_writes()) == 1
     assert await asyncio.wait_for(daemon.unprepare(ref), 30) == {ref.uid: ""}
-    await daemon.service.drain()
+    await asyncio.wait_for(daemon.service.drain(), 30)  # not an hour: the retry is gone
+    assert len(status_writes()) == 1
     world.assert_clean()

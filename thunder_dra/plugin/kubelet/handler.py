@@ -24,6 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
@@ -93,6 +94,15 @@ class ClaimSlots:
                 self._in_flight.set(self.in_flight)
 
 
+@dataclass
+class _RecordWrite:
+    """The record work after a prepare's answer: its task, and whether a request of it is
+    under way (it holds the claim's lock)."""
+
+    task: asyncio.Future[None] | None = None
+    under_way: bool = False
+
+
 def _classify(err: Exception) -> tuple[str, ErrorReason]:
     if isinstance(err, ClaimError):
         return str(err), err.reason
@@ -134,7 +144,7 @@ class ClaimService:
         self._running: set[asyncio.Task[Any]] = set()
         self._status = status
         # A just-prepared claim's record status write, by claim UID, until it is done.
-        self._enrolled_writes: dict[str, asyncio.Future[None]] = {}
+        self._enrolled_writes: dict[str, _RecordWrite] = {}
 
     def _track(self, work: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
         """Run ``work`` as a task :meth:`drain` waits for."""
@@ -155,14 +165,22 @@ class ClaimService:
     def _after_answer(self, prepared: PreparedClaim, *, created: bool) -> None:
         """Once the kubelet has its answer, set the ``Client`` record of a claim just
         prepared ``Enrolled`` (``created``), or check a repeated prepare's record; under
-        the same locks as any claim work. An unprepare of the claim waits for the check
-        and cancels the status write (it removes the record anyway). A failure is tried
-        again, at most :data:`RECORD_ATTEMPTS` times, the locks released between tries;
-        after that the next repeated prepare, or the start-up repair, finishes it."""
+        the same locks as any claim work. An unprepare of the claim waits for the check,
+        and for a status write under way; one not yet under way (waiting for the locks,
+        or for its retry) it cancels, since it removes the record anyway. A request is
+        never cancelled in flight: that would close its pooled connection to the API
+        server. A failure is tried again, at most :data:`RECORD_ATTEMPTS` times, the locks
+        released between tries; after that the next repeated prepare, or the start-up
+        repair, finishes it."""
+        write = _RecordWrite()
 
         async def restore() -> None:
             async with self._claim_locks.hold(prepared.uid):
-                await self._repairer.restore_record(prepared, created=created)
+                write.under_way = True
+                try:
+                    await self._repairer.restore_record(prepared, created=created)
+                finally:
+                    write.under_way = False
 
         async def attempts() -> None:
             for attempt in range(1, RECORD_ATTEMPTS + 1):
@@ -183,16 +201,21 @@ class ClaimService:
                 if attempt < RECORD_ATTEMPTS:
                     await asyncio.sleep(RECORD_RETRY_SECONDS * attempt)
 
-        task = self._track(attempts())
+        write.task = self._track(attempts())
         if created:
-            # An unprepare of the claim cancels it: the record goes, and a status write
-            # that lands late changes nothing.
-            self._enrolled_writes[prepared.uid] = task
-            task.add_done_callback(lambda done: self._forget_enrolled_write(prepared.uid, done))
+            self._enrolled_writes[prepared.uid] = write
+            write.task.add_done_callback(lambda _: self._forget_enrolled_write(prepared.uid, write))
 
-    def _forget_enrolled_write(self, uid: str, done: asyncio.Future[None]) -> None:
-        if self._enrolled_writes.get(uid) is done:
+    def _forget_enrolled_write(self, uid: str, write: _RecordWrite) -> None:
+        if self._enrolled_writes.get(uid) is write:
             del self._enrolled_writes[uid]
+
+    def _cancel_enrolled_write(self, uid: str) -> None:
+        """Before an unprepare: drop the claim's record status write if it is not under
+        way (the unprepare waits for one that is, on the claim's lock)."""
+        write = self._enrolled_writes.pop(uid, None)
+        if write is not None and write.task is not None and not write.under_way:
+            write.task.cancel()
 
     async def _under_node_lock(self, work: Callable[[], Awaitable[_T]]) -> _T:
         waited = time.monotonic()
@@ -332,9 +355,7 @@ class ClaimService:
             "thunder_dra.unprepare",
             attributes={"k8s.resourceclaim.uid": ref.uid, "k8s.namespace.name": ref.namespace},
         ) as span:
-            pending = self._enrolled_writes.pop(ref.uid, None)
-            if pending is not None:
-                pending.cancel()
+            self._cancel_enrolled_write(ref.uid)
             try:
                 async with self._claim_locks.hold(ref.uid), self._slots.held():
                     await self._unpreparer.unprepare(ref)
