@@ -11,6 +11,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench.docsection import INTRO
 from bench.kubelet_calls import binding_allocation, dropped_binding_fields, enrollment
 from bench.kubelet_report import (
@@ -150,27 +152,41 @@ def test_the_section_goes_after_the_daemons_and_replaces_itself(tmp_path: Path) 
     assert text.endswith("operator figures\n")
 
 
-def test_a_run_with_thunder_far_away_has_its_own_section_after_the_loopback_one(
-    tmp_path: Path,
+VARIANTS = [
+    (
+        (20, 0),
+        "## Kubelet calls, Thunder 20 ms away",
+        "answered 20 ms late (a latency fault on every `/api/v1/` path)",
+    ),
+    (
+        (0, 100),
+        "## Kubelet calls, pods running 100 ms",
+        "Each pod runs 100 ms between its prepare and its unprepare",
+    ),
+]
+
+
+@pytest.mark.parametrize(("variant", "title", "phrase"), VARIANTS)
+def test_a_variant_run_has_its_own_section_after_the_loopback_one(
+    tmp_path: Path, variant: tuple[int, int], title: str, phrase: str
 ) -> None:
+    latency, run = variant
     doc = tmp_path / "benchmarks.md"
     doc.write_text(INTRO + "\n## Daemon\n\ndaemon figures\n\n## Operator\n\noperator figures\n")
     write_docs(render(_cases(), MACHINE, "loopback"), doc)
-    far = render(_cases(), MACHINE, "far", thunder_latency_ms=20)
-    assert far.startswith("## Kubelet calls, Thunder 20 ms away\n")
-    assert "answered 20 ms late (a latency fault on every `/api/v1/` path)" in far
-    assert "late (a latency fault" not in render(_cases(), MACHINE, "loopback")
-    write_docs(far, doc, thunder_latency_ms=20)
-    write_docs(render(_cases(), MACHINE, "far again", thunder_latency_ms=20), doc, 20)
+    first = render(_cases(), MACHINE, "first", thunder_latency_ms=latency, run_ms=run)
+    assert first.startswith(title + "\n")
+    assert phrase in first
+    assert phrase not in render(_cases(), MACHINE, "loopback")
+    write_docs(first, doc, thunder_latency_ms=latency, run_ms=run)
+    again = render(_cases(), MACHINE, "again", thunder_latency_ms=latency, run_ms=run)
+    write_docs(again, doc, thunder_latency_ms=latency, run_ms=run)
     text = doc.read_text()
-    assert text.count("## Kubelet calls, Thunder 20 ms away") == 1
-    assert "`far again`" in text
-    assert "`far`" not in text
-    loopback, distant, operator = (
-        text.index(h)
-        for h in ("## Kubelet calls\n", "## Kubelet calls, Thunder 20 ms away", "## Operator")
-    )
-    assert loopback < text.index("`loopback`") < distant < operator
+    assert text.count(title) == 1
+    assert "`again`" in text
+    assert "`first`" not in text
+    loopback, own, operator = (text.index(h) for h in ("## Kubelet calls\n", title, "## Operator"))
+    assert loopback < text.index("`loopback`") < own < operator
 
 
 def test_the_kubernetes_version_is_the_go_modules() -> None:
@@ -313,23 +329,3 @@ def test_a_claim_is_enrolled_once_its_entry_says_enrolled() -> None:
     assert enrollment(_entry(("Ready", "True"))) is None
     assert enrollment(_entry(("Ready", "True"), (ENROLLED, "True"))) == ""
     assert enrollment(_entry(("Ready", "False"), (ENROLLMENT_FAILED, "True"))) == "R: M"
-
-
-def test_a_run_with_pods_running_has_its_own_section_after_the_loopback_one(
-    tmp_path: Path,
-) -> None:
-    doc = tmp_path / "benchmarks.md"
-    doc.write_text(INTRO + "\n## Daemon\n\ndaemon figures\n\n## Operator\n\noperator figures\n")
-    write_docs(render(_cases(), MACHINE, "loopback"), doc)
-    running = render(_cases(), MACHINE, "running", run_ms=100)
-    assert running.startswith("## Kubelet calls, pods running 100 ms\n")
-    assert "Each pod runs 100 ms between its prepare and its unprepare" in running
-    assert "Each pod runs" not in render(_cases(), MACHINE, "loopback")
-    write_docs(running, doc, run_ms=100)
-    text = doc.read_text()
-    assert text.count("## Kubelet calls, pods running 100 ms") == 1
-    loopback, ran, operator = (
-        text.index(h)
-        for h in ("## Kubelet calls\n", "## Kubelet calls, pods running 100 ms", "## Operator")
-    )
-    assert loopback < ran < operator

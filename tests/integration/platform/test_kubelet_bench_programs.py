@@ -77,7 +77,11 @@ def _reserved_claim(kube: Kube, namespace: str, index: int) -> dict[str, str]:
     }
 
 
-def _drabench(
+def _drabench(command: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def _drabench_command(
     programs: Path,
     cluster: Cluster,
     node: str,
@@ -85,19 +89,18 @@ def _drabench(
     state: Path,
     pods: Path,
     *extra: str,
-) -> subprocess.CompletedProcess[str]:
-    """drabench against the floor plugin, 2 in flight, with ``extra`` flags."""
-    command = [
+) -> list[str]:
+    """drabench's command line against the floor plugin, with ``extra`` flags (the
+    tests that check several pods in flight give ``--in-flight 2``)."""
+    return [
         str(programs / "drabench"),
         "--kubeconfig", str(cluster.kubeconfig),
         "--node", node,
         "--registry-dir", str(floor.registry),
         "--state-dir", str(state),
         "--claims", str(pods),
-        "--in-flight", "2",
         *extra,
     ]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture
@@ -121,11 +124,12 @@ def test_drabench_prepares_and_unprepares_through_the_floor_plugin(
         try:
             state = workdir / "kubelet"
             state.mkdir()
-            done = _drabench(
+            done = _drabench(_drabench_command(
                 programs, cluster, node, floor, state, pods_file,
+                "--in-flight", "2",
                 "--cpu", f"plugin={floor.process.pid}",
                 "--cpu", f"kube-apiserver={cluster.pids['kube-apiserver']}",
-            )  # fmt: skip
+            ))  # fmt: skip
         finally:
             floor.stop()
     assert done.returncode == 0, done.stderr[-3000:]
@@ -158,11 +162,12 @@ def test_drabench_ends_reservations_between_the_calls_and_warms_up_on_its_own_po
         try:
             state = workdir / "kubelet"
             state.mkdir()
-            done = _drabench(
+            done = _drabench(_drabench_command(
                 programs, cluster, node, floor, state, workdir / "pods.json",
+                "--in-flight", "2",
                 "--warmup-claims", str(workdir / "warmup.json"),
                 "--end-reservations",
-            )  # fmt: skip
+            ))  # fmt: skip
         finally:
             floor.stop()
         assert done.returncode == 0, done.stderr[-3000:]
@@ -191,17 +196,12 @@ def test_drabench_lets_each_pod_run_between_its_calls_outside_both_timings(
         state = workdir / "kubelet"
         state.mkdir()
         checkpoint = state / "dra_manager_state"
-        command = [
-            str(programs / "drabench"),
-            "--kubeconfig", str(cluster.kubeconfig),
-            "--node", node,
-            "--registry-dir", str(floor.registry),
-            "--state-dir", str(state),
-            "--claims", str(workdir / "pods.json"),
+        command = _drabench_command(
+            programs, cluster, node, floor, state, workdir / "pods.json",
             "--warmup", "1",
             "--warmup-claims", str(workdir / "warmup.json"),
             "--run-for", f"{run_for:g}s",
-        ]  # fmt: skip
+        )  # fmt: skip
         try:
             proc = subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
