@@ -204,9 +204,8 @@ def may_be_virt_launcher(pod_name: str) -> bool:
 
 
 def is_virt_launcher(pod: Mapping[str, Any]) -> bool:
-    """Named as KubeVirt names virt-launcher pods, and labelled as it labels them."""
-    if not may_be_virt_launcher(bodies.name(pod)):
-        return False
+    """Labelled as KubeVirt labels virt-launcher pods (the caller reads only pods named as
+    it names them, :func:`may_be_virt_launcher`)."""
     labels = bodies.labels(pod)
     key, value = VIRT_LAUNCHER_LABEL
     return bool(labels.get(key) == value)

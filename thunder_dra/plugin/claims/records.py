@@ -26,6 +26,7 @@ policy refuses it for a Secret another node made.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 from typing import Any
 
@@ -176,16 +177,13 @@ class Records:
         except Conflict:
             await self._adopt(claim)
 
-    async def mark_enrolled(self, claim: PreparedClaim) -> bool:
+    async def mark_enrolled(self, claim: PreparedClaim) -> None:
         """Set the claim's Client status to ``Enrolled`` (with the client ID, or a VM's
-        note); False if the record is gone."""
-        try:
+        note); a record already gone is left gone."""
+        with contextlib.suppress(NotFound):
             await self._kube.patch_client_status(
                 claim.namespace, client_name(claim.uid), client_status(claim)
             )
-        except NotFound:
-            return False
-        return True
 
     async def _adopt(self, claim: PreparedClaim) -> None:
         name = client_name(claim.uid)
