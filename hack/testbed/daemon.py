@@ -311,6 +311,14 @@ class DaemonProcess:
     def journal_entries(self) -> list[Path]:
         return sorted((self.state_dir / "journal").glob("*/*.json"))
 
+    def checkpoint_claims(self) -> list[str]:
+        """The claim UIDs the checkpoint holds (none without a checkpoint file)."""
+        try:
+            text = (self.state_dir / "checkpoint.json").read_text()
+        except FileNotFoundError:
+            return []
+        return sorted(json.loads(text)["payload"]["claims"])
+
 
 class NodeHarness:
     """A simulated node with its daemon and kubelet stand-in."""

@@ -95,6 +95,7 @@ def test_a_corrupt_checkpoint_set_aside_orphans_no_enrollment(
     assert audit["leaks"] == []
     assert audit["orphanClients"] == []
     assert live_clients(fake, pool.zone_id) == []
-    assert _client_record(kube, kept) is None
+    # The record goes right after the answer, once the enrollment is revoked.
+    wait_for(lambda: _client_record(kube, kept) is None, "the Client record removed", timeout=30)
     assert not list(files_under(daemon.cdi_dir))
     assert not list(files_under(daemon.state_dir / "claims"))

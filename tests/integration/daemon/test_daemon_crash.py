@@ -76,6 +76,8 @@ def _assert_clean(kube: Kube, fake: FakeThunderProcess, node: NodeHarness, pods:
     assert not list(files_under(node.daemon.cdi_dir))
     assert not list(files_under(node.daemon.state_dir / "claims"))
     wait_for(lambda: node.daemon.journal_entries() == [], "the mint journal empty", timeout=30)
+    # An unprepare's last step, the entry's drop, follows the kubelet's answer.
+    wait_for(lambda: node.daemon.checkpoint_claims() == [], "the checkpoint empty", timeout=30)
 
 
 def _live_clients_named(fake: FakeThunderProcess, hostname: str) -> int:

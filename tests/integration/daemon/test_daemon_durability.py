@@ -171,5 +171,10 @@ def test_a_full_disk_at_unprepare_keeps_the_claim_until_a_retry(
     disk.free()
     _ok(dra_unprepare(daemon, claims), claims)
     _assert_nothing_enrolled(kube, fake, pool)
-    assert all(_client_record(kube, c) is None for c in claims)
+    # The records go right after the answer, once the enrollments are revoked.
+    wait_for(
+        lambda: all(_client_record(kube, c) is None for c in claims),
+        "the Client records removed",
+        timeout=30,
+    )
     wait_for(lambda: daemon.journal_entries() == [], "the mint journal empty", timeout=30)

@@ -29,6 +29,7 @@ class CrashAt(CrashPoints):
         self._target = step
         self._remaining = occurrence
         self.reached_steps: list[str] = []
+        self.crashed: Crashed | None = None  # once the daemon "died" here
 
     def reached(self, step: str) -> None:
         self.reached_steps.append(step)
@@ -36,7 +37,8 @@ class CrashAt(CrashPoints):
             return
         self._remaining -= 1
         if self._remaining == 0:
-            raise Crashed(step)
+            self.crashed = Crashed(step)
+            raise self.crashed
 
 
 class Recording(CrashPoints):

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from hack.fake_thunder.audit import audit
 from hack.fake_thunder.service import FakeThunder
 from tests.support.fakekube import FakeKube, parse_path
+from tests.unit.plugin.fakes import CrashAt
 from thunder_dra.api import ClaimReference
 from thunder_dra.kube import naming
 from thunder_dra.kube.client import KubeClient
@@ -71,13 +72,20 @@ class Daemon:
     metrics: DaemonMetrics
     abandoned: set[str]
     executor: ThreadPoolExecutor
+    crash: CrashPoints
 
     async def prepare(self, *refs: ClaimReference) -> dict[str, Any]:
         """NodePrepareResources: per UID, the prepared claim or the error message."""
         return dict(await self.service.prepare(list(refs)))
 
     async def unprepare(self, *refs: ClaimReference) -> dict[str, str]:
-        return await self.service.unprepare(list(refs))
+        """NodeUnprepareResources, then the work its answer left running (the records'
+        removal); a crash there is raised here, as if the daemon died after answering."""
+        answer = await self.service.unprepare(list(refs))
+        await self.service.drain()
+        if isinstance(self.crash, CrashAt) and self.crash.crashed is not None:
+            raise self.crash.crashed
+        return answer
 
     async def stop(self) -> None:
         """A clean exit."""
@@ -269,6 +277,7 @@ class World:
             metrics=metrics,
             abandoned=claims.abandoned,
             executor=executor,
+            crash=crash,
         )
 
     # What a user would check

@@ -1,11 +1,12 @@
 """Unprepare's stages: the two revocations are made at once, the files and a VM's Secret
 are removed only after both, and the ``Client`` record (the claim's last trace outside
-the checkpoint) only after the files; a failed step does not stop the rest of its stage,
-and the kubelet still gets its error."""
+the checkpoint) only after the files, once the kubelet has its answer; a failed step does
+not stop the rest of its stage, and the kubelet still gets its error."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from tests.unit.plugin.fakes import CrashAt, Crashed
 from tests.unit.plugin.lifecycle_node import NAMESPACE, World
+from thunder_dra.plugin.kubelet import handler
 from thunder_dra.plugin.state.checkpoint import ClaimState, PreparedClaim
 from thunder_dra.thunder import ThunderClient
 
@@ -101,6 +103,76 @@ async def test_a_file_that_cannot_be_removed_still_lets_the_rest_of_its_stage_ru
     assert len(world.client_records()) == 1  # its stage comes after the files
     assert world.checkpoint_claims()[ref.uid]["state"] == ClaimState.UNPREPARING.value
     spec.rmdir()
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    world.assert_clean()
+    await daemon.stop()
+
+
+RECORD_DELETE = r"/clients/claim-[^/]+$"
+
+
+async def test_the_answer_waits_for_revocation_and_files_but_not_for_the_record(
+    world: World,
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    assert isinstance((await daemon.prepare(ref))[ref.uid], PreparedClaim)
+    world.kube.fail("DELETE", RECORD_DELETE, hang=True, times=None)
+    # The kubelet's call alone, not the work after its answer.
+    assert await daemon.service.unprepare([ref]) == {ref.uid: ""}
+    assert world.live_tokens() == []
+    assert world.live_clients() == []
+    assert world.node_files() == []
+    assert len(world.client_records()) == 1
+    assert world.checkpoint_claims()[ref.uid]["state"] == ClaimState.UNPREPARING.value
+    await daemon.kill()  # while the record's deletion hangs
+    world.kube.faults.clear()
+    daemon = await world.start()
+    world.assert_clean()  # start-up finished the marked entry
+    await daemon.stop()
+
+
+async def test_a_record_that_cannot_be_removed_after_the_answer_is_left_to_the_sweep(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(handler, "RECORD_RETRY_SECONDS", 0.0)
+    daemon = await world.start()
+    ref = world.claim("train")
+    assert isinstance((await daemon.prepare(ref))[ref.uid], PreparedClaim)
+    world.kube.fail("DELETE", RECORD_DELETE, status=500, times=None)
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    deletes = [r for r in world.kube.calls("DELETE") if re.search(RECORD_DELETE, r.path)]
+    assert len(deletes) == handler.RECORD_ATTEMPTS
+    assert world.live_tokens() == []
+    assert len(world.client_records()) == 1
+    assert world.checkpoint_claims()[ref.uid]["state"] == ClaimState.UNPREPARING.value
+    assert len(await daemon.recovery.sweep()) == 1  # still failing: retried by the next pass
+    world.kube.faults.clear()
+    assert await daemon.recovery.sweep() == []
+    world.assert_clean()
+    await daemon.stop()
+
+
+async def test_a_prepare_right_after_the_answer_waits_for_the_records_removal(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(handler, "RECORD_RETRY_SECONDS", 0.01)
+    daemon = await world.start()
+    ref = world.claim("train")
+    first = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(first, PreparedClaim)
+    world.kube.fail("DELETE", RECORD_DELETE, status=500)
+    assert await daemon.service.unprepare([ref]) == {ref.uid: ""}
+    # The claim is prepared again (a new pod on this node) while its old record's
+    # removal is still failing and waiting for its retry.
+    second = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(second, PreparedClaim)
+    await daemon.service.drain()
+    assert second.client_id != first.client_id
+    (record,) = world.client_records()
+    assert record["spec"]["clientId"] == second.client_id
+    assert world.live_clients() == [second.client_id]
+    assert world.checkpoint_claims()[ref.uid]["state"] == ClaimState.PREPARED.value
     assert await daemon.unprepare(ref) == {ref.uid: ""}
     world.assert_clean()
     await daemon.stop()

@@ -50,6 +50,9 @@ class ClaimLifecycle:
     node_lock: NodeSerializeLock
     claim_locks: KeyedLocks
     abandoned: set[str]  # journal entries whose rollback failed, for the sweep
+    # Claims whose unprepare the kubelet was answered for but whose record removal
+    # failed after the answer (kubelet handler), for the sweep.
+    unfinished: set[str]
 
 
 def _library(
@@ -158,6 +161,7 @@ def assemble(
         crash=crash,
     )
     claim_locks = KeyedLocks()
+    unfinished: set[str] = set()
     recovery: Recovery | None = None
 
     async def reload_shared_state() -> None:
@@ -178,6 +182,7 @@ def assemble(
         node_lock=node_lock,
         claim_locks=claim_locks,
         abandoned=deps.abandoned,
+        unfinished=unfinished,
     )
     return ClaimLifecycle(
         checkpoint=deps.checkpoint,
@@ -192,4 +197,5 @@ def assemble(
         node_lock=node_lock,
         claim_locks=claim_locks,
         abandoned=deps.abandoned,
+        unfinished=unfinished,
     )

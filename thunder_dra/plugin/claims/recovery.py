@@ -26,8 +26,9 @@ rebuild) or to the kubelet's next prepare of the claim (repairs); they never sto
 daemon.
 
 The sweep repeats step 2 every ``--sweep-interval`` for entries whose rollback failed
-and for instances that died since (a rolling update's old pod killed mid-prepare), and
-retries a rebuild that failed. It survives every error a pass can meet (API timeouts,
+and for instances that died since (a rolling update's old pod killed mid-prepare),
+retries a rebuild that failed, and finishes the unprepares whose record removal after the
+kubelet's answer gave up (step 3 for them). It survives every error a pass can meet (API timeouts,
 reset connections, 5xx from either API, file system errors): each failed pass is counted
 in ``thunder_dra_daemon_errors_total{operation="journal-sweep"}`` and the next pass waits
 longer (doubling, jittered, up to 8 intervals), back to the interval after a clean pass.
@@ -120,6 +121,7 @@ class Recovery:
         node_lock: NodeSerializeLock,
         claim_locks: KeyedLocks,
         abandoned: set[str],
+        unfinished: set[str],
     ) -> None:
         self._own = own
         self._root = journal_root
@@ -132,6 +134,7 @@ class Recovery:
         self._node_lock = node_lock
         self._claim_locks = claim_locks
         self._abandoned = abandoned
+        self._unfinished = unfinished
         self._rebuilder = Rebuilder(preparer.d, unpreparer, journal_root, claim_locks)
         self._metrics = undo.metrics
         self._started = False
@@ -303,7 +306,27 @@ class Recovery:
                 self._abandoned.intersection_update(e.entry_id for e in entries)
                 await self._roll_back_all(self._own.journal, entries, failures)
             await self._sweep_dead(failures)
+            await self._finish_unfinished(failures)
         return failures
+
+    async def _finish_unfinished(self, failures: list[Exception]) -> None:
+        """Finish the unprepares whose record removal gave up after the kubelet's answer
+        (the whole unprepare again, every step idempotent: the entry may have been
+        prepared and unprepared anew since)."""
+        for uid in sorted(self._unfinished):
+            async with self._claim_locks.hold(uid):
+                prepared = self._checkpoint.current.claims.get(uid)
+                if prepared is not None and prepared.state is ClaimState.UNPREPARING:
+                    try:
+                        await self._unpreparer.finish(prepared)
+                    except Exception as err:
+                        failures.append(err)
+                        log.warning(
+                            "finishing an unprepared claim failed; the sweep retries",
+                            extra={"claim_uid": uid, "error": str(err)},
+                        )
+                        continue
+                self._unfinished.discard(uid)
 
     async def sweep_forever(self, interval: float) -> None:
         """:meth:`sweep` every ``interval`` seconds, until cancelled, whatever fails."""

@@ -14,9 +14,12 @@ after its stage's other steps ran, and leaves the entry marked for the retry.
 Every step is idempotent, so a crash anywhere is finished by the kubelet's next call or
 by the daemon's start-up.
 
-The whole of it stays inside the kubelet's call, so the answer keeps its meaning: an
-unprepare that answers success has revoked the enrollment and removed every file and
-record, and one that fails says which step failed.
+The kubelet's answer waits for stages 1 and 2 (:meth:`Unpreparer.release`): an unprepare
+that answers success has revoked the enrollment and removed every file and the Secret,
+and one that fails says which step failed. Stage 3 (:meth:`Unpreparer.forget`) follows
+the answer (:class:`thunder_dra.plugin.kubelet.handler.ClaimService`): by then the record
+names an enrollment that is revoked, so it holds nothing left to revoke, and the entry,
+still marked, has every later call of the claim, the sweep and the start-up finish it.
 
 A claim this daemon has no checkpoint entry for (a previous instance's state was lost,
 say) is still cleaned when a ``Client`` record on this node names it.
@@ -55,15 +58,23 @@ class Unpreparer:
         self._undo = undo
         self._crash = crash
 
-    async def unprepare(self, ref: ClaimRef) -> None:
+    async def unprepare(self, ref: ClaimRef) -> PreparedClaim | None:
+        """What the kubelet's answer waits for: the claim revoked and its files removed.
+        Returns the entry whose record and checkpoint entry are still to go
+        (:meth:`forget`), or None when nothing is left."""
         prepared = self._checkpoint.current.claims.get(ref.uid)
         if prepared is None:
             await self.clean_unknown(ref)
-            return
-        await self.finish(prepared)
+            return None
+        return await self.release(prepared)
 
     async def finish(self, prepared: PreparedClaim) -> None:
-        """Complete the unprepare of a checkpointed claim (also used at start-up)."""
+        """Complete the unprepare of a checkpointed claim, all three stages (start-up, the
+        sweep, a prepare that finds the claim's unprepare unfinished)."""
+        await self.forget(await self.release(prepared))
+
+    async def release(self, prepared: PreparedClaim) -> PreparedClaim:
+        """Mark the entry, then stages 1 and 2; returns the marked entry."""
         if prepared.state is not ClaimState.UNPREPARING:
             prepared = prepared.model_copy(update={"state": ClaimState.UNPREPARING})
             await self._checkpoint.put(prepared)
@@ -90,6 +101,10 @@ class Unpreparer:
             )
             files.append((secret, "unprepare:secret-removed"))
         await self._crash.together(*files)
+        return prepared
+
+    async def forget(self, prepared: PreparedClaim) -> None:
+        """Stage 3 of a released claim (:meth:`release`): its record, then its entry."""
         await self._records.delete_client(prepared.namespace, prepared.uid)
         self._crash.reached("unprepare:client-removed")
         await self._checkpoint.drop(prepared.uid)

@@ -15,6 +15,9 @@ call; each also goes to the log, to ``thunder_dra_daemon_errors_total`` and, for
 to a Warning event on the ResourceClaim. Each claim's outcome (prepared, failed,
 unprepared) is then handed to the claim status writer (:mod:`thunder_dra.plugin.claims.status`),
 which writes it to the claim's ``status.devices`` after the answer, off the kubelet's wait.
+The ``Client`` record's own work is also done after the answer, under the claim's lock:
+its status after a prepare, its removal after an unprepare (the enrollment revoked and
+the files removed before the answer; :mod:`thunder_dra.plugin.claims.unprepare`).
 """
 
 from __future__ import annotations
@@ -99,7 +102,7 @@ class _RecordWrite:
     """The record work after a prepare's answer: its task, and whether a request of it is
     under way (it holds the claim's lock)."""
 
-    task: asyncio.Future[None] | None = None
+    task: asyncio.Future[bool] | None = None
     under_way: bool = False
 
 
@@ -130,6 +133,7 @@ class ClaimService:
         tracer: Tracer,
         slots: ClaimSlots | None = None,
         status: ClaimStatusWriter | None = None,
+        unfinished: set[str] | None = None,
     ) -> None:
         self._preparer = preparer
         self._repairer = repairer
@@ -145,6 +149,8 @@ class ClaimService:
         self._status = status
         # A just-prepared claim's record status write, by claim UID, until it is done.
         self._enrolled_writes: dict[str, _RecordWrite] = {}
+        # Claims whose record removal after the answer gave up: the sweep finishes them.
+        self._unfinished = unfinished if unfinished is not None else set()
 
     def _track(self, work: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
         """Run ``work`` as a task :meth:`drain` waits for."""
@@ -182,29 +188,58 @@ class ClaimService:
                 finally:
                     write.under_way = False
 
-        async def attempts() -> None:
-            for attempt in range(1, RECORD_ATTEMPTS + 1):
-                try:
-                    await self._under_node_lock(restore)
-                    return
-                except Exception as err:
-                    log.warning(
-                        "writing a prepared claim's Client record failed",
-                        extra={
-                            "claim_uid": prepared.uid,
-                            "namespace": prepared.namespace,
-                            "claim": prepared.name,
-                            "attempt": attempt,
-                            "error": str(err),
-                        },
-                    )
-                if attempt < RECORD_ATTEMPTS:
-                    await asyncio.sleep(RECORD_RETRY_SECONDS * attempt)
-
-        write.task = self._track(attempts())
+        write.task = self._track(
+            self._attempts("writing a prepared claim's Client record", prepared, restore)
+        )
         if created:
             self._enrolled_writes[prepared.uid] = write
             write.task.add_done_callback(lambda _: self._forget_enrolled_write(prepared.uid, write))
+
+    async def _attempts(
+        self, what: str, claim: PreparedClaim, work: Callable[[], Awaitable[object]]
+    ) -> bool:
+        """``work`` under the node lock, tried at most :data:`RECORD_ATTEMPTS` times, the
+        lock released between tries; whether it succeeded. Each failure is logged."""
+        for attempt in range(1, RECORD_ATTEMPTS + 1):
+            try:
+                await self._under_node_lock(work)
+                return True
+            except Exception as err:
+                log.warning(
+                    f"{what} failed",
+                    extra={
+                        "claim_uid": claim.uid,
+                        "namespace": claim.namespace,
+                        "claim": claim.name,
+                        "attempt": attempt,
+                        "error": str(err),
+                    },
+                )
+            if attempt < RECORD_ATTEMPTS:
+                await asyncio.sleep(RECORD_RETRY_SECONDS * attempt)
+        return False
+
+    def _after_unprepare(self, released: PreparedClaim) -> None:
+        """Once the kubelet has its answer, delete the released claim's ``Client`` record and
+        drop its checkpoint entry (:meth:`Unpreparer.forget`), under the same locks as any
+        claim work. A claim whose entry is gone or prepared again by then was finished by
+        that call. After :data:`RECORD_ATTEMPTS` failures the claim is left to the sweep
+        (:attr:`unfinished`), its entry still marked ``unpreparing``."""
+
+        async def forget() -> None:
+            async with self._claim_locks.hold(released.uid):
+                current = self._checkpoint.current.claims.get(released.uid)
+                if current is None or current.state is not ClaimState.UNPREPARING:
+                    return
+                await self._unpreparer.forget(current)
+
+        async def run() -> None:
+            if not await self._attempts(
+                "removing an unprepared claim's Client record", released, forget
+            ):
+                self._unfinished.add(released.uid)
+
+        self._track(run())
 
     def _forget_enrolled_write(self, uid: str, write: _RecordWrite) -> None:
         if self._enrolled_writes.get(uid) is write:
@@ -358,7 +393,7 @@ class ClaimService:
             self._cancel_enrolled_write(ref.uid)
             try:
                 async with self._claim_locks.hold(ref.uid), self._slots.held():
-                    await self._unpreparer.unprepare(ref)
+                    released = await self._unpreparer.unprepare(ref)
             except Exception as err:
                 message, reason = _classify(err)
                 span.set_status(Status(StatusCode.ERROR, reason.value))
@@ -374,6 +409,8 @@ class ClaimService:
                 self._metrics.unprepare_seconds.observe(time.monotonic() - started)
                 self._metrics.prepared_claims.set(len(self._checkpoint.current.claims))
         self._metrics.unprepares.labels("success").inc()
+        if released is not None:
+            self._after_unprepare(released)
         if self._status is not None:
             self._status.unprepared(ref)
         return ""
@@ -402,4 +439,5 @@ def claim_service(
         tracer=tracer,
         slots=ClaimSlots(concurrency, metrics.registry),
         status=status,
+        unfinished=claims.unfinished,
     )
