@@ -58,6 +58,12 @@ def _client(kube: Kube, namespace: str, claim_uid: str) -> dict[str, Any] | None
     return kube.get(CLIENT_API, "Client", f"claim-{claim_uid}", namespace)
 
 
+def _wait_no_client(kube: Kube, namespace: str, claim_uid: str) -> None:
+    """The claim's record is removed right after the unprepare's answer (the pod may be
+    gone a moment before)."""
+    wait_for(lambda: _client(kube, namespace, claim_uid) is None, "the Client record removed")
+
+
 def _events(kube: Kube, namespace: str) -> list[dict[str, Any]]:
     return kube.list_objects("v1", "Event", namespace)
 
@@ -157,7 +163,7 @@ def test_a_pod_gets_a_client_config_and_a_valid_cdi_spec_without_any_token(
 
     pods.delete(name)
     pods.wait_gone(node, name)
-    assert _client(kube, pods.namespace, pod.claim_uid) is None
+    _wait_no_client(kube, pods.namespace, pod.claim_uid)
     assert not config_path.parent.exists()
     assert not list(files_under(node.daemon.cdi_dir))
     assert fake.admin.leaks() == []
@@ -198,7 +204,7 @@ def test_a_virt_launcher_pod_gets_the_setup_secret_and_no_cdi_device(
     pods.delete(name)
     pods.wait_gone(node, name)
     assert kube.get("v1", "Secret", f"{pod.claim_name}-thunder-setup", pods.namespace) is None
-    assert _client(kube, pods.namespace, pod.claim_uid) is None
+    _wait_no_client(kube, pods.namespace, pod.claim_uid)
     assert fake.admin.leaks() == []
 
 
@@ -264,7 +270,7 @@ def test_unprepare_of_a_claim_missing_from_the_checkpoint_uses_its_client_record
 
     pods.delete(name)
     pods.wait_gone(node, name)
-    assert _client(kube, pods.namespace, pod.claim_uid) is None
+    _wait_no_client(kube, pods.namespace, pod.claim_uid)
     assert not (daemon.state_dir / "claims" / pod.claim_uid).exists()
     assert not list(files_under(daemon.cdi_dir))
     assert fake.admin.leaks() == []

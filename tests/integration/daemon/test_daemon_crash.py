@@ -68,7 +68,12 @@ def _assert_clean(kube: Kube, fake: FakeThunderProcess, node: NodeHarness, pods:
     audit = fake.admin.audit()
     assert audit["leaks"] == []
     assert audit["orphanClients"] == []
-    assert kube.list_objects(CLIENT_API, "Client", pods.namespace) == []
+    # The record and the checkpoint entry go right after an unprepare's answer.
+    wait_for(
+        lambda: kube.list_objects(CLIENT_API, "Client", pods.namespace) == [],
+        "the Client records removed",
+        timeout=30,
+    )
     assert (
         kube.list_objects("v1", "Secret", pods.namespace, "app.kubernetes.io/component=daemon")
         == []
@@ -76,7 +81,6 @@ def _assert_clean(kube: Kube, fake: FakeThunderProcess, node: NodeHarness, pods:
     assert not list(files_under(node.daemon.cdi_dir))
     assert not list(files_under(node.daemon.state_dir / "claims"))
     wait_for(lambda: node.daemon.journal_entries() == [], "the mint journal empty", timeout=30)
-    # An unprepare's last step, the entry's drop, follows the kubelet's answer.
     wait_for(lambda: node.daemon.checkpoint_claims() == [], "the checkpoint empty", timeout=30)
 
 

@@ -80,6 +80,9 @@ def test_instances_hand_over_and_a_killed_one_is_rolled_back_by_the_survivor(
                 pods.delete(name)
                 pods.wait_gone(node, name)
             assert fake.admin.leaks() == []
-            assert kube.list_objects(CLIENT_API, "Client", namespace) == []
+            wait_for(
+                lambda: kube.list_objects(CLIENT_API, "Client", namespace) == [],
+                "the Client records removed after the unprepares",
+            )
         finally:
             new.stop()

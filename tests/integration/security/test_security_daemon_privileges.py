@@ -566,9 +566,13 @@ def test_the_daemon_prepares_and_unprepares_pods_and_vms_with_its_own_token(
             pods.delete(running.name)
             pods.wait_gone(node, running.name)
         assert kube.get("v1", "Secret", f"{vm.claim_name}-thunder-setup", install.workloads) is None
-        for running in (pod, vm):
-            gone = kube.get(CLIENT_API, "Client", f"claim-{running.claim_uid}", install.workloads)
-            assert gone is None
+        names = [f"claim-{running.claim_uid}" for running in (pod, vm)]
+        wait_for(
+            lambda: all(
+                kube.get(CLIENT_API, "Client", name, install.workloads) is None for name in names
+            ),
+            "the Clients removed after the unprepares",
+        )
         log = node.daemon.log_text()
         assert "denied request" not in log, log[-3000:]
         assert "is forbidden" not in log, log[-3000:]
