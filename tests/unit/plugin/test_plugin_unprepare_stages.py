@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit.plugin.fakes import CrashAt, Crashed
-from tests.unit.plugin.lifecycle_node import NAMESPACE, World
+from tests.unit.plugin.lifecycle_node import NAMESPACE, Daemon, World
+from thunder_dra.api import ClaimReference
 from thunder_dra.plugin.kubelet import handler
 from thunder_dra.plugin.state.checkpoint import ClaimState, PreparedClaim
 from thunder_dra.thunder import ThunderClient
@@ -132,15 +133,28 @@ async def test_the_answer_waits_for_revocation_and_files_but_not_for_the_record(
     await daemon.stop()
 
 
+async def _answered_while_the_record_delete_fails(
+    world: World, monkeypatch: pytest.MonkeyPatch, *, retry_seconds: float, times: int | None
+) -> tuple[Daemon, ClaimReference, PreparedClaim]:
+    """A prepared claim unprepared (the kubelet's call alone) while its record's DELETE
+    fails ``times`` times (None: every time)."""
+    monkeypatch.setattr(handler, "RECORD_RETRY_SECONDS", retry_seconds)
+    daemon = await world.start()
+    ref = world.claim("train")
+    prepared = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(prepared, PreparedClaim)
+    world.kube.fail("DELETE", RECORD_DELETE, status=500, times=times)
+    assert await daemon.service.unprepare([ref]) == {ref.uid: ""}
+    return daemon, ref, prepared
+
+
 async def test_a_record_that_cannot_be_removed_after_the_answer_is_left_to_the_sweep(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(handler, "RECORD_RETRY_SECONDS", 0.0)
-    daemon = await world.start()
-    ref = world.claim("train")
-    assert isinstance((await daemon.prepare(ref))[ref.uid], PreparedClaim)
-    world.kube.fail("DELETE", RECORD_DELETE, status=500, times=None)
-    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    daemon, ref, _ = await _answered_while_the_record_delete_fails(
+        world, monkeypatch, retry_seconds=0.0, times=None
+    )
+    await daemon.service.drain()
     deletes = [r for r in world.kube.calls("DELETE") if re.search(RECORD_DELETE, r.path)]
     assert len(deletes) == handler.RECORD_ATTEMPTS
     assert world.live_tokens() == []
@@ -153,16 +167,12 @@ async def test_a_record_that_cannot_be_removed_after_the_answer_is_left_to_the_s
     await daemon.stop()
 
 
-async def test_a_prepare_right_after_the_answer_waits_for_the_records_removal(
+async def test_a_prepare_right_after_the_answer_finishes_the_unprepare_first(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(handler, "RECORD_RETRY_SECONDS", 0.01)
-    daemon = await world.start()
-    ref = world.claim("train")
-    first = (await daemon.prepare(ref))[ref.uid]
-    assert isinstance(first, PreparedClaim)
-    world.kube.fail("DELETE", RECORD_DELETE, status=500)
-    assert await daemon.service.unprepare([ref]) == {ref.uid: ""}
+    daemon, ref, first = await _answered_while_the_record_delete_fails(
+        world, monkeypatch, retry_seconds=0.01, times=1
+    )
     # The claim is prepared again (a new pod on this node) while its old record's
     # removal is still failing and waiting for its retry.
     second = (await daemon.prepare(ref))[ref.uid]
