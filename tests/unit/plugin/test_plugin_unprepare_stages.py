@@ -164,6 +164,7 @@ async def test_a_record_that_cannot_be_removed_after_the_answer_is_left_to_the_s
     world.kube.faults.clear()
     assert await daemon.recovery.sweep() == []
     world.assert_clean()
+    assert daemon.metrics.registry.get_sample_value("thunder_dra_daemon_prepared_claims") == 0
     await daemon.stop()
 
 
@@ -185,4 +186,21 @@ async def test_a_prepare_right_after_the_answer_finishes_the_unprepare_first(
     assert world.checkpoint_claims()[ref.uid]["state"] == ClaimState.PREPARED.value
     assert await daemon.unprepare(ref) == {ref.uid: ""}
     world.assert_clean()
+    await daemon.stop()
+
+
+async def test_the_prepared_claims_gauge_drops_once_the_entry_is_dropped(world: World) -> None:
+    daemon = await world.start()
+    refs = [world.claim("train"), world.claim("serve")]
+    for ref in refs:
+        assert isinstance((await daemon.prepare(ref))[ref.uid], PreparedClaim)
+
+    def gauge() -> float | None:
+        return daemon.metrics.registry.get_sample_value("thunder_dra_daemon_prepared_claims")
+
+    assert gauge() == 2
+    assert await daemon.unprepare(refs[0]) == {refs[0].uid: ""}  # and the work after it
+    assert gauge() == 1
+    assert await daemon.unprepare(refs[1]) == {refs[1].uid: ""}
+    assert gauge() == 0
     await daemon.stop()

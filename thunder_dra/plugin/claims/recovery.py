@@ -327,6 +327,7 @@ class Recovery:
                         )
                         continue
                 self._unfinished.discard(uid)
+                self._metrics.prepared_claims.set(len(self._checkpoint.current.claims))
 
     async def sweep_forever(self, interval: float) -> None:
         """:meth:`sweep` every ``interval`` seconds, until cancelled, whatever fails."""

@@ -231,7 +231,10 @@ class ClaimService:
                 current = self._checkpoint.current.claims.get(released.uid)
                 if current is None or current.state is not ClaimState.UNPREPARING:
                     return
-                await self._unpreparer.forget(current)
+                try:
+                    await self._unpreparer.forget(current)
+                finally:
+                    self._count_prepared()
 
         async def run() -> None:
             if not await self._attempts(
@@ -240,6 +243,9 @@ class ClaimService:
                 self._unfinished.add(released.uid)
 
         self._track(run())
+
+    def _count_prepared(self) -> None:
+        self._metrics.prepared_claims.set(len(self._checkpoint.current.claims))
 
     def _forget_enrolled_write(self, uid: str, write: _RecordWrite) -> None:
         if self._enrolled_writes.get(uid) is write:
@@ -335,7 +341,7 @@ class ClaimService:
                     self._status.prepared(result)
             finally:
                 self._metrics.prepare_seconds.observe(time.monotonic() - started)
-                self._metrics.prepared_claims.set(len(self._checkpoint.current.claims))
+                self._count_prepared()
         return result
 
     async def _warn(self, ref: ClaimRef, message: str) -> None:
@@ -407,7 +413,7 @@ class ClaimService:
                 return f"claim {ref.namespace}/{ref.name}: {message}"
             finally:
                 self._metrics.unprepare_seconds.observe(time.monotonic() - started)
-                self._metrics.prepared_claims.set(len(self._checkpoint.current.claims))
+                self._count_prepared()
         self._metrics.unprepares.labels("success").inc()
         if released is not None:
             self._after_unprepare(released)
