@@ -9,10 +9,12 @@ data, and the node's own CDI spec directory.
 Networking stays on this machine. Pods get addresses on a bridge of their own
 (``thdra0``, 198.18.0.0/24, a benchmarking range) with a route to that subnet and to
 the Service range only: no default route, no masquerading, no iptables rules, and
-``net.ipv4.ip_forward`` left as it is. The ``kubernetes`` Service address
-(198.18.1.1) sits on the bridge and a ``socat`` relay forwards it to the apiserver on
-loopback, so in-cluster configuration works. The apiserver calls webhooks at their
-endpoint IPs (``--enable-aggregator-routing``), which are on the bridge.
+``net.ipv4.ip_forward`` left as it is. The bridge has a fixed hardware address
+(``BRIDGE_MAC``), so the pods' neighbour entries for it stay true as pods come and go.
+The ``kubernetes`` Service address (198.18.1.1) sits on the bridge and a ``socat``
+relay forwards it to the apiserver on loopback, so in-cluster configuration works. The
+apiserver calls webhooks at their endpoint IPs (``--enable-aggregator-routing``), which
+are on the bridge.
 
 containerd and the kubelet (so every pod) run in a private PID and mount namespace
 whose PID 1 is ``hack/node/nsinit.py`` (``NodeConfig.sandbox``): a hostPID pod's
@@ -53,6 +55,11 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-node-tools.sh"
 
 BRIDGE = "thdra0"
+# A locally administered address of the bridge's own. A bridge given none takes the lowest
+# address of its ports: it changes as pods come and go, and a pod that learnt the old one
+# sends its packets to the apiserver to a port that is gone until its neighbour entry
+# expires (tens of seconds).
+BRIDGE_MAC = "02:74:68:64:72:61"
 POD_SUBNET = "198.18.0.0/24"
 BRIDGE_IP = "198.18.0.1"
 SERVICE_CIDR = "198.18.1.0/24"
@@ -471,7 +478,7 @@ class Node:
         self._record_path.write_text(json.dumps(self._record))
 
     def _network(self) -> None:
-        _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        _run(["ip", "link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge"])
         _run(["ip", "addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE])
         _run(["ip", "addr", "add", f"{API_SERVICE_IP}/32", "dev", BRIDGE])
         _run(["ip", "link", "set", BRIDGE, "up"])

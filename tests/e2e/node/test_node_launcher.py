@@ -12,6 +12,8 @@ when the session ends (an error at teardown otherwise).
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 
 from hack import image as image_builder
 from hack.node import launcher
@@ -35,6 +37,10 @@ with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
     print("API", host, json.load(resp)["gitVersion"])
 EOF
 """
+
+# The pod's neighbour table once it has talked to the apiserver: the bridge's hardware
+# address, as the pod will use it for its next packets.
+NEIGHBOURS = ROUTES_AND_API + "cat /proc/net/arp\n"
 
 
 def _routes(text: str) -> list[tuple[str, str]]:
@@ -66,3 +72,29 @@ def test_node_is_ready_and_a_stock_pod_reaches_the_apiserver(
     assert ("198.18.1.0", "255.255.255.0") in routes
     assert f"API {launcher.API_SERVICE_IP} v1.37.2" in logs
     real_node.kubectl("delete", "pod", "plain", "--wait=true")
+
+
+def _bridge() -> tuple[str, set[str]]:
+    """The bridge's hardware address and the names of its ports."""
+    sysfs = Path("/sys/class/net") / launcher.BRIDGE
+    return (sysfs / "address").read_text().strip(), {p.name for p in (sysfs / "brif").iterdir()}
+
+
+def test_the_bridge_keeps_its_hardware_address_as_pods_come_and_go(
+    real_node: Node, node_images: dict[str, image_builder.BuiltImage]
+) -> None:
+    # A bridge takes the lowest address of its ports unless it was given one. A pod's
+    # neighbour entry for the bridge would then name a port that left with its pod, and
+    # the pod's packets to the apiserver would go nowhere until the entry expired.
+    address, ports = _bridge()
+    pod = run_pod(real_node, stock_pod("neighbours", node_images["stock"].ref, NEIGHBOURS))
+    logs = pod_logs(real_node, "neighbours")
+    assert pod["status"]["phase"] == "Succeeded", logs
+    rows = [ln.split() for ln in logs.splitlines() if ln.startswith("198.18.")]
+    assert rows, logs
+    assert {r[3] for r in rows} == {address}, logs
+    real_node.kubectl("delete", "pod", "neighbours", "--wait=true")
+    deadline = time.monotonic() + 60
+    while _bridge()[1] != ports and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _bridge() == (address, ports)
