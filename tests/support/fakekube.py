@@ -4,8 +4,10 @@
 driver makes: objects are stored by path with uid, resourceVersion and
 creationTimestamp; create answers 409 AlreadyExists, replace and patch check a given
 resourceVersion, delete honours uid/resourceVersion preconditions and finalizers (the
-object stays, with deletionTimestamp, until the last finalizer is removed); merge-patch
-(RFC 7386), JSON patch (RFC 6902) and apply are applied; lists filter by namespace, label
+object stays, with deletionTimestamp, until the last finalizer is removed), a write naming
+another uid is refused (422, the uid is immutable); merge-patch (RFC 7386), JSON patch
+(RFC 6902) and apply are applied (an apply creates a missing object, but not through a
+subresource); lists filter by namespace, label
 selector (``k=v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``) and equality field selectors,
 and page with ``limit``/``continue``. Kinds with a status subresource keep status and
 spec apart as the apiserver does.
@@ -340,6 +342,14 @@ class FakeKube:
             if new.get("status") is None:
                 new.pop("status")
         metadata = dict(new.get("metadata") or {})
+        uid = metadata.get("uid")
+        if uid and uid != stored["metadata"]["uid"]:
+            raise Refused(
+                422,
+                "Invalid",
+                f'{address.name!r} is invalid: metadata.uid: Invalid value: "{uid}": '
+                "field is immutable",
+            )
         for key in ("uid", "creationTimestamp", "namespace", "name", "deletionTimestamp"):
             if key in stored["metadata"]:
                 metadata[key] = stored["metadata"][key]
@@ -365,7 +375,11 @@ class FakeKube:
     def _patch(
         self, address: Address, body: Any, content_type: str | None, query: Mapping[str, str]
     ) -> JSON:
-        if content_type == APPLY_PATCH and address.key not in self.objects:
+        if (
+            content_type == APPLY_PATCH
+            and address.key not in self.objects
+            and not address.subresource
+        ):
             if not query.get("fieldManager"):
                 raise Refused(422, "Invalid", "fieldManager is required for apply")
             collection = Address(address.api, address.plural, address.namespace, None, None)

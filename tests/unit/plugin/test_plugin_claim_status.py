@@ -16,7 +16,7 @@ import pytest
 from opentelemetry.trace import NoOpTracer
 from prometheus_client import CollectorRegistry
 
-from thunder_dra.kube.errors import Forbidden, NotFound
+from thunder_dra.kube.errors import Forbidden, Invalid, NotFound
 from thunder_dra.kube.resources import RESOURCE_CLAIMS
 from thunder_dra.plugin.claims.status import (
     CONDITION_READY,
@@ -188,9 +188,11 @@ class FakeClaims:
         self.claim = claim
         self.applies: list[tuple[str, dict[str, Any], str, bool]] = []
         self.failures: list[Exception] = []
+        self.gets = 0
 
     async def get(self, path: str, *, request_timeout: float | None = None) -> dict[str, Any]:
         assert path == PATH
+        self.gets += 1
         if self.claim is None:
             raise NotFound("GET", path, 404, "NotFound", "not found")
         copy: dict[str, Any] = json.loads(json.dumps(self.claim))
@@ -201,11 +203,25 @@ class FakeClaims:
     ) -> dict[str, Any]:
         if self.failures:
             raise self.failures.pop(0)
-        assert self.claim is not None
+        if self.claim is None:
+            raise NotFound("PATCH", path, 404, "NotFound", "not found")
+        uid = body["metadata"]["uid"]
+        if uid != self.claim["metadata"]["uid"]:
+            raise Invalid("PATCH", path, 422, "Invalid", f"metadata.uid: {uid}: immutable")
+        allocated = {(r["pool"], r["device"]) for r in _allocated(self.claim)}
+        if any((d["pool"], d["device"]) not in allocated for d in body["status"]["devices"]):
+            raise Invalid("PATCH", path, 422, "Invalid", "status.devices: not allocated")
         self.applies.append((path, json.loads(json.dumps(body)), field_manager, force))
         kept = [d for d in self.claim["status"].get("devices") or [] if d["driver"] != DRIVER]
         self.claim["status"]["devices"] = kept + list(body["status"]["devices"])
         return self.claim
+
+
+def _allocated(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = (
+        (claim["status"].get("allocation") or {}).get("devices") or {}
+    ).get("results") or []
+    return results
 
 
 def _writer(api: FakeClaims, registry: CollectorRegistry) -> ClaimStatusWriter:
@@ -312,10 +328,10 @@ class _Preparer:
     def __init__(self, fail: bool) -> None:
         self.fail = fail
 
-    async def prepare(self, ref: Any) -> PreparedClaim:
+    async def prepare(self, ref: Any) -> tuple[PreparedClaim, dict[str, Any]]:
         if self.fail:
             raise ClaimError("Thunder mint failed: refused", ErrorReason.THUNDER_MINT)
-        return _prepared()
+        return _prepared(), _claim()
 
 
 class _Unpreparer:
@@ -401,4 +417,71 @@ async def test_close_lets_a_write_in_flight_finish_within_the_grace() -> None:
     await asyncio.sleep(0)
     asyncio.get_running_loop().call_soon(api.release.set)
     await writer.close(grace=30)
+    assert len(api.applies) == 1
+
+
+async def test_a_fresh_prepare_writes_from_the_claim_it_read_and_its_unprepare_reads_nothing() -> (
+    None
+):
+    api = FakeClaims(_claim(devices=[OTHER_ENTRY]))
+    registry = CollectorRegistry()
+    writer = _writer(api, registry)
+    writer.prepared(_prepared(), _claim(devices=[OTHER_ENTRY]))
+    await writer.idle()
+    ((_, body, _, _),) = api.applies
+    assert body["metadata"] == {"name": "gpu", "namespace": "work", "uid": "uid-1"}
+    assert [d["device"] for d in body["status"]["devices"]] == ["gpu-0", "gpu-1"]
+    writer.unprepared(_prepared())
+    await writer.idle()
+    assert api.applies[-1][1]["status"] == {"devices": []}
+    assert api.gets == 0
+    assert _count(registry, "written") == 2
+    assert api.claim is not None
+    assert api.claim["status"]["devices"] == [OTHER_ENTRY]
+
+    # A writer that did not set the entries (a restarted daemon) reads the claim first.
+    restarted = _writer(api, CollectorRegistry())
+    restarted.unprepared(_prepared())
+    await restarted.idle()
+    assert api.gets == 1
+    assert len(api.applies) == 2
+
+
+async def test_a_claim_read_before_it_changed_is_read_again() -> None:
+    # The prepare read the claim allocated two devices; it now has one: the API server
+    # refuses entries for a device not allocated, and the writer writes what it reads.
+    read = _claim()
+    now = _claim()
+    now["status"]["allocation"]["devices"]["results"] = _allocated(now)[1:]
+    api = FakeClaims(now)
+    writer = _writer(api, CollectorRegistry())
+    writer.prepared(_prepared(), read)
+    await writer.idle()
+    assert api.gets == 1
+    assert api.claim is not None
+    assert [d["device"] for d in api.claim["status"]["devices"]] == ["gpu-1"]
+
+
+async def test_a_namesake_of_the_claim_read_or_set_is_left_alone() -> None:
+    registry = CollectorRegistry()
+    api = FakeClaims(_claim(uid="uid-2"))  # re-created under the same name
+    writer = _writer(api, registry)
+    writer.prepared(_prepared(), _claim())
+    await writer.idle()
+    assert api.applies == []
+    assert _count(registry, "gone") == 1
+
+    registry = CollectorRegistry()
+    api = FakeClaims(_claim())
+    writer = _writer(api, registry)
+    writer.prepared(_prepared(), _claim())
+    await writer.idle()
+    api.claim = _claim(uid="uid-2")
+    writer.unprepared(_prepared())
+    await writer.idle()
+    assert len(api.applies) == 1
+    assert _count(registry, "gone") == 1
+    writer.prepared(_prepared(), _claim(uid="uid-2"))  # not the claim's read: not used
+    await writer.idle()
+    assert _count(registry, "gone") == 2
     assert len(api.applies) == 1

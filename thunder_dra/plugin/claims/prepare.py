@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from thunder_dra.kube import errors as kube_errors
-from thunder_dra.kube.client import KubeClient
+from thunder_dra.kube.client import JSON, KubeClient
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.plugin.claims.allocation import (
     PoolResolver,
@@ -115,8 +115,9 @@ class Preparer:
     def __init__(self, deps: PrepareDeps) -> None:
         self.d = deps
 
-    async def prepare(self, ref: ClaimRef) -> PreparedClaim:
-        """A fresh claim, end to end (the caller handles claims already checkpointed)."""
+    async def prepare(self, ref: ClaimRef) -> tuple[PreparedClaim, JSON]:
+        """A fresh claim, end to end (the caller handles claims already checkpointed); with
+        the ResourceClaim as read, for the claim's status write."""
         d = self.d
         try:
             resource_claim = await d.kube.get_claim(ref.namespace, ref.name)
@@ -140,7 +141,8 @@ class Preparer:
             gpu_count=len(allocation.devices),
             devices=allocation.devices_for(vm=consumer.kind == "vm"),
         )
-        return await self.enroll(claim, preload=allocation.preload, library=library)
+        prepared = await self.enroll(claim, preload=allocation.preload, library=library)
+        return prepared, resource_claim
 
     async def _consumer(self, ref: ClaimRef, pods: tuple[str, ...]) -> Consumer:
         if not pods:

@@ -17,14 +17,24 @@ with ``Ready`` True, and ``EnrollmentFailed`` True after a prepare made before b
 
 The kubelet's call never waits for it: the handler hands each outcome to
 :class:`ClaimStatusWriter`, which writes it in the background, the newest outcome of a
-claim replacing one not yet written. Each write reads the claim first and writes only
-when this driver's entries differ (a condition keeps its ``lastTransitionTime`` while its
-status stays); the write is a server-side apply of this driver's entries alone with its
-own field manager (:data:`FIELD_MANAGER`), so the entries of other drivers and the rest
-of the status are left as they are. A failed write is logged, counted
-(``thunder_dra_daemon_claim_status_writes_total{result="error"}``) and retried with
-backoff until it succeeds, the claim is gone or a newer outcome replaces it; it never
-fails the prepare or unprepare.
+claim replacing one not yet written. The write is a server-side apply of this driver's
+entries alone with its own field manager (:data:`FIELD_MANAGER`), so the entries of other
+drivers and the rest of the status are left as they are; it names the claim's UID, which
+the API server refuses to change, so it never lands on a claim re-created under the same
+name. What the write knows of the claim comes from one of three places:
+
+- a fresh prepare hands over the claim it read moments before: the entries are made from
+  its allocation and written at once;
+- an unprepare of a claim whose entries this writer set needs nothing of the claim: the
+  apply removes them;
+- otherwise (a repeated prepare, a failure, a retry, an unprepare after a restart, a
+  write the API server refused) the claim is read first, and written only when this
+  driver's entries differ.
+
+A condition keeps its ``lastTransitionTime`` while its status stays. A failed write is
+logged, counted (``thunder_dra_daemon_claim_status_writes_total{result="error"}``) and
+retried with backoff until it succeeds, the claim is gone or a newer outcome replaces it;
+it never fails the prepare or unprepare.
 """
 
 from __future__ import annotations
@@ -286,13 +296,14 @@ def unchanged(current: Sequence[Mapping[str, Any]], desired: Sequence[Mapping[st
     return _comparable(current) == _comparable(desired)
 
 
-def apply_body(namespace: str, name: str, entries: Sequence[Mapping[str, Any]]) -> JSON:
+def apply_body(namespace: str, name: str, uid: str, entries: Sequence[Mapping[str, Any]]) -> JSON:
     """The server-side apply of this driver's entries: the daemon's field manager owns
-    exactly these; an empty list removes the ones it wrote before."""
+    exactly these; an empty list removes the ones it wrote before. The UID is immutable,
+    so the API server refuses the apply (Invalid) on a namesake with another one."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
         "status": {"devices": list(entries)},
     }
 
@@ -330,7 +341,10 @@ class ClaimStatusWriter:
         self._retry_base = retry_base
         self._retry_cap = retry_cap
         self._clock = clock
-        self._pending: dict[str, tuple[ClaimTarget, Outcome]] = {}
+        self._pending: dict[str, tuple[ClaimTarget, Outcome, Mapping[str, Any] | None]] = {}
+        # Claims whose stored entries this writer last set (an unprepare removes them
+        # without reading the claim first).
+        self._holding: set[str] = set()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(WRITE_CONCURRENCY)
         self.writes = Counter(
@@ -345,8 +359,10 @@ class ClaimStatusWriter:
 
     # What the handler reports
 
-    def prepared(self, claim: PreparedClaim) -> None:
-        self._submit(claim, prepared_outcome(claim))
+    def prepared(self, claim: PreparedClaim, read: Mapping[str, Any] | None = None) -> None:
+        """``read``: the claim object the prepare read (a fresh prepare), so the write
+        need not read it again."""
+        self._submit(claim, prepared_outcome(claim), read)
 
     def failed(
         self, ref: ClaimRef, message: str, reason: ErrorReason, *, before_binding: bool = False
@@ -358,8 +374,10 @@ class ClaimStatusWriter:
     def unprepared(self, ref: ClaimRef) -> None:
         self._submit(ref, UNPREPARED)
 
-    def _submit(self, ref: ClaimRef, outcome: Outcome) -> None:
-        self._pending[ref.uid] = (ClaimTarget(ref.namespace, ref.name, ref.uid), outcome)
+    def _submit(
+        self, ref: ClaimRef, outcome: Outcome, read: Mapping[str, Any] | None = None
+    ) -> None:
+        self._pending[ref.uid] = (ClaimTarget(ref.namespace, ref.name, ref.uid), outcome, read)
         task = self._tasks.get(ref.uid)
         if task is None or task.done():
             self._tasks[ref.uid] = asyncio.get_running_loop().create_task(
@@ -389,10 +407,10 @@ class ClaimStatusWriter:
         failures = 0
         try:
             while uid in self._pending:
-                target, outcome = self._pending.pop(uid)
+                target, outcome, read = self._pending.pop(uid)
                 try:
                     async with self._slots:
-                        await self.write(target, outcome)
+                        await self.write(target, outcome, read)
                 except Exception as err:
                     failures += 1
                     self.writes.labels("error").inc()
@@ -405,8 +423,8 @@ class ClaimStatusWriter:
                             "error": self._scrub(str(err)),
                         },
                     )
-                    # Retried unless a newer outcome arrived meanwhile.
-                    self._pending.setdefault(uid, (target, outcome))
+                    # Retried, reading the claim, unless a newer outcome arrived meanwhile.
+                    self._pending.setdefault(uid, (target, outcome, None))
                     await asyncio.sleep(
                         backoff_delay(failures, base=self._retry_base, cap=self._retry_cap)
                     )
@@ -416,23 +434,46 @@ class ClaimStatusWriter:
             if self._tasks.get(uid) is asyncio.current_task():
                 del self._tasks[uid]
 
-    async def write(self, target: ClaimTarget, outcome: Outcome) -> None:
-        """One write of ``outcome`` (the writer's tasks call it; tests too)."""
+    async def write(
+        self, target: ClaimTarget, outcome: Outcome, read: Mapping[str, Any] | None = None
+    ) -> None:
+        """One write of ``outcome`` (the writer's tasks call it; tests too); ``read`` is the
+        claim as a fresh prepare read it."""
+        if read is not None and (read.get("metadata") or {}).get("uid") == target.uid:
+            desired = desired_entries(read, self._driver, outcome, self._clock())
+        elif outcome.ready is None and target.uid in self._holding:
+            desired = []
+        else:
+            await self._write_read(target, outcome)
+            return
+        try:
+            await self._apply(target, outcome, desired)
+        except kube_errors.Invalid:
+            # The claim changed since (its allocation, or a namesake): read it and decide.
+            await self._write_read(target, outcome)
+
+    async def _write_read(self, target: ClaimTarget, outcome: Outcome) -> None:
         path = RESOURCE_CLAIMS.item(target.name, target.namespace)
         try:
             claim = await self._kube.get(path)
         except kube_errors.NotFound:
-            self.writes.labels("gone").inc()
+            self._gone(target)
             return
         if (claim.get("metadata") or {}).get("uid") != target.uid:
-            self.writes.labels("gone").inc()  # re-created under the same name
+            self._gone(target)  # re-created under the same name
             return
         current = current_entries(claim, self._driver)
         desired = desired_entries(claim, self._driver, outcome, self._clock())
         if unchanged(current, desired):
+            self._hold(target.uid, desired)
             self.writes.labels("unchanged").inc()
             return
-        body = apply_body(target.namespace, target.name, desired)
+        await self._apply(target, outcome, desired)
+
+    async def _apply(
+        self, target: ClaimTarget, outcome: Outcome, desired: Sequence[Mapping[str, Any]]
+    ) -> None:
+        body = apply_body(target.namespace, target.name, target.uid, desired)
         try:
             await self._kube.apply(
                 RESOURCE_CLAIMS.item(target.name, target.namespace, "status"),
@@ -441,8 +482,9 @@ class ClaimStatusWriter:
                 force=True,
             )
         except kube_errors.NotFound:
-            self.writes.labels("gone").inc()
+            self._gone(target)
             return
+        self._hold(target.uid, desired)
         self.writes.labels("written").inc()
         log.info(
             "claim device status written",
@@ -454,3 +496,13 @@ class ClaimStatusWriter:
                 "devices": len(desired),
             },
         )
+
+    def _hold(self, uid: str, entries: Sequence[Mapping[str, Any]]) -> None:
+        if entries:
+            self._holding.add(uid)
+        else:
+            self._holding.discard(uid)
+
+    def _gone(self, target: ClaimTarget) -> None:
+        self._holding.discard(target.uid)
+        self.writes.labels("gone").inc()

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from prometheus_client import CollectorRegistry, Gauge
 
+from thunder_dra.kube.client import JSON
 from thunder_dra.kube.errors import KubeError
 from thunder_dra.plugin.claims.lifecycle import ClaimLifecycle
 from thunder_dra.plugin.claims.prepare import Preparer
@@ -318,7 +319,8 @@ class ClaimService:
                 # The claim's lock first: a duplicate of a claim in progress waits without
                 # taking one of the slots.
                 async with self._claim_locks.hold(ref.uid), self._slots.held():
-                    result: PreparedClaim | str = await self._prepare_claim(ref)
+                    prepared, read = await self._prepare_claim(ref)
+                result: PreparedClaim | str = prepared
             except Exception as err:
                 message, reason = _classify(err)
                 error = f"claim {ref.namespace}/{ref.name}: {message}"
@@ -337,8 +339,8 @@ class ClaimService:
                 result = error
             else:
                 self._metrics.prepares.labels("success").inc()
-                if self._status is not None and isinstance(result, PreparedClaim):
-                    self._status.prepared(result)
+                if self._status is not None:
+                    self._status.prepared(prepared, read)
             finally:
                 self._metrics.prepare_seconds.observe(time.monotonic() - started)
                 self._count_prepared()
@@ -351,17 +353,18 @@ class ClaimService:
             ref.namespace, ref.name, ref.uid, "ThunderPrepareFailed", message
         )
 
-    async def _prepare_claim(self, ref: ClaimRef) -> PreparedClaim:
+    async def _prepare_claim(self, ref: ClaimRef) -> tuple[PreparedClaim, JSON | None]:
+        """The prepared claim, and the ResourceClaim as a fresh prepare read it."""
         existing = self._checkpoint.current.claims.get(ref.uid)
         if existing is not None and existing.state is ClaimState.PREPARED:
             repaired = await self._repairer.repair(existing, record=False)
             self._after_answer(repaired, created=repaired is not existing)
-            return repaired
+            return repaired, None
         if existing is not None:
             # An unprepare (or an older format's half-prepare) was interrupted: finish it,
             # so the claim is enrolled from a clean slate.
             await self._unpreparer.finish(existing)
-        prepared = await self._preparer.prepare(ref)
+        prepared, read = await self._preparer.prepare(ref)
         self._after_answer(prepared, created=True)
         log.info(
             "claim prepared",
@@ -377,7 +380,7 @@ class ClaimService:
                 "client_id": prepared.client_id,
             },
         )
-        return prepared
+        return prepared, read
 
     # Unprepare
 
