@@ -462,15 +462,15 @@ class KubeClient:
     async def patch_client(self, namespace: str, name: str, patch: Mapping[str, Any]) -> JSON:
         return await self.merge_patch(CLIENTS.item(name, namespace), patch)
 
-    async def patch_client_status(
-        self, namespace: str, name: str, status: Mapping[str, Any]
-    ) -> JSON:
-        return await self.merge_patch(CLIENTS.item(name, namespace, "status"), {"status": status})
-
     async def json_patch_client(
         self, namespace: str, name: str, operations: Sequence[Mapping[str, Any]]
     ) -> JSON:
         return await self.json_patch(CLIENTS.item(name, namespace), operations)
+
+    async def json_patch_client_status(
+        self, namespace: str, name: str, operations: Sequence[Mapping[str, Any]]
+    ) -> JSON:
+        return await self.json_patch(CLIENTS.item(name, namespace, "status"), operations)
 
     async def delete_client(self, namespace: str, name: str) -> JSON:
         """Delete; the answer is the Client (still there, Terminating, while it has

@@ -353,7 +353,8 @@ async def test_the_daemons_typed_calls_address_their_objects() -> None:
     client = {"metadata": {"name": "c1", "labels": {"l": "v"}, "finalizers": ["f"]}}
     await kube.create_client("ns", client)
     await kube.patch_client("ns", "c1", {"spec": {"a": 1}})
-    await kube.patch_client_status("ns", "c1", {"phase": "Ready"})
+    status = [{"op": "add", "path": "/status", "value": {"phase": "Ready"}}]
+    await kube.json_patch_client_status("ns", "c1", status)
     await kube.json_patch_client("ns", "c1", [{"op": "add", "path": "/spec/b", "value": 2}])
     stored = await kube.get_client("ns", "c1")
     assert (stored["spec"], stored["status"]) == ({"a": 1, "b": 2}, {"phase": "Ready"})
@@ -361,4 +362,4 @@ async def test_the_daemons_typed_calls_address_their_objects() -> None:
     terminating = await kube.delete_client("ns", "c1")
     assert terminating["metadata"]["deletionTimestamp"]
     status_write = fake.calls("PATCH", CLIENTS.item("c1", "ns", "status"))
-    assert json.loads(status_write[0].body or b"") == {"status": {"phase": "Ready"}}
+    assert json.loads(status_write[0].body or b"") == status

@@ -10,6 +10,7 @@ import pytest
 
 from tests.unit.plugin.fakes import Recording
 from tests.unit.plugin.lifecycle_node import NAMESPACE, World
+from thunder_dra.kube.errors import Invalid
 from thunder_dra.kube.resources import EVENTS
 from thunder_dra.plugin.kubelet import handler
 from thunder_dra.plugin.state.checkpoint import ClaimState, PreparedClaim
@@ -323,7 +324,7 @@ async def test_an_unprepare_cancels_a_record_status_write_not_under_way(
 ) -> None:
     """A pod deleted right after its start, while its record's status write waits for a
     retry: the unprepare cancels the write rather than queue behind it, and removes the
-    record. (A write under way is waited for: its request is never cut off.)"""
+    record. (A write under way is never cut off: it goes on beside the unprepare.)"""
     monkeypatch.setattr(handler, "RECORD_RETRY_SECONDS", 3600.0)
     daemon = await world.start()
     ref = world.claim("train")
@@ -341,4 +342,52 @@ async def test_an_unprepare_cancels_a_record_status_write_not_under_way(
     assert await asyncio.wait_for(daemon.unprepare(ref), 30) == {ref.uid: ""}
     await asyncio.wait_for(daemon.service.drain(), 30)  # not an hour: the retry is gone
     assert len(status_writes()) == 1
+    world.assert_clean()
+
+
+async def test_an_unprepare_goes_on_beside_a_record_status_write_in_flight(world: World) -> None:
+    """A pod deleted right after its start, while its record's status write is in flight:
+    the unprepare revokes, removes the files and the record without waiting for it."""
+    daemon = await world.start()
+    ref = world.claim("train")
+    world.kube.fail("PATCH", STATUS_WRITE, hang=True, times=1)
+    _prepared((await daemon.prepare(ref))[ref.uid])
+    await asyncio.wait_for(world.kube.hung.wait(), 5)
+    assert await asyncio.wait_for(daemon.service.unprepare([ref]), 5) == {ref.uid: ""}
+    assert world.live_tokens() == []
+    assert world.live_clients() == []
+    assert world.node_files() == []
+    for _ in range(500):  # the record's removal, right after the answer
+        if not world.client_records() and not world.checkpoint_claims():
+            break
+        await asyncio.sleep(0.01)
+    await daemon.kill()  # the status write still hangs
+    world.assert_clean()
+
+
+@pytest.mark.usefixtures("quick_record_retries")
+async def test_a_record_status_write_lands_only_on_the_record_of_its_enrollment(
+    world: World,
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    first = _prepared((await daemon.prepare(ref))[ref.uid])
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    world.kube.fail("PATCH", STATUS_WRITE, status=500, times=3)
+    second = _prepared((await daemon.prepare(ref))[ref.uid])
+    await daemon.service.drain()
+    (record,) = world.client_records()
+    assert "status" not in record  # the claim's new record, still Pending
+    records = daemon.preparer.d.records
+    await records.mark_enrolled(first)  # the earlier enrollment's write, late
+    (record,) = world.client_records()
+    assert "status" not in record
+    # An invalid status of the record's own enrollment is not taken for a replaced record.
+    world.kube.fail("PATCH", STATUS_WRITE, status=422, times=1)
+    with pytest.raises(Invalid):
+        await records.mark_enrolled(second)
+    await records.mark_enrolled(second)
+    (record,) = world.client_records()
+    assert record["status"] == {"phase": "Enrolled", "clientId": second.client_id}
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
     world.assert_clean()

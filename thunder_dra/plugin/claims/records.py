@@ -26,7 +26,6 @@ policy refuses it for a Secret another node made.
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
 from typing import Any
 
@@ -179,11 +178,25 @@ class Records:
 
     async def mark_enrolled(self, claim: PreparedClaim) -> None:
         """Set the claim's Client status to ``Enrolled`` (with the client ID, or a VM's
-        note); a record already gone is left gone."""
-        with contextlib.suppress(NotFound):
-            await self._kube.patch_client_status(
-                claim.namespace, client_name(claim.uid), client_status(claim)
-            )
+        note), on the record of this enrollment only: the patch tests the record's token
+        ID, so it never lands on a later record of the claim. A record already gone, or
+        replaced, is left as it is."""
+        name = client_name(claim.uid)
+        token_id = claim.enrollment_token_id or ""
+        operations: list[dict[str, Any]] = [
+            {"op": "test", "path": "/spec/enrollmentTokenId", "value": token_id},
+            {"op": "add", "path": "/status", "value": client_status(claim)},
+        ]
+        try:
+            await self._kube.json_patch_client_status(claim.namespace, name, operations)
+        except NotFound:
+            return
+        except Invalid:
+            # A failed test and an invalid status are both refused as Invalid: the record
+            # tells them apart.
+            current = await self._get_raw_client(claim.namespace, claim.uid)
+            if current is not None and _token_id_of(current) == token_id:
+                raise
 
     async def _adopt(self, claim: PreparedClaim) -> None:
         name = client_name(claim.uid)

@@ -82,7 +82,8 @@ class Repairer:
         record), set its status to ``Enrolled``; otherwise check the record and restore
         what is missing. Only while the checkpoint still holds the claim as ``prepared``
         (an unprepare, or a new enrollment, may have come first). The caller holds the
-        node and claim locks."""
+        node lock, and the claim's lock unless ``created``: the status write touches the
+        record of this enrollment only."""
         current = self.d.checkpoint.current.claims.get(prepared.uid)
         if current != prepared:
             return

@@ -172,22 +172,27 @@ class ClaimService:
     def _after_answer(self, prepared: PreparedClaim, *, created: bool) -> None:
         """Once the kubelet has its answer, set the ``Client`` record of a claim just
         prepared ``Enrolled`` (``created``), or check a repeated prepare's record; under
-        the same locks as any claim work. An unprepare of the claim waits for the check,
-        and for a status write under way; one not yet under way (waiting for the locks,
-        or for its retry) it cancels, since it removes the record anyway. A request is
-        never cancelled in flight: that would close its pooled connection to the API
-        server. A failure is tried again, at most :data:`RECORD_ATTEMPTS` times, the locks
-        released between tries; after that the next repeated prepare, or the start-up
-        repair, finishes it."""
+        the node lock. The check (which may write the record again) holds the claim's lock
+        too, so an unprepare of the claim waits for it. The status write does not: it
+        patches only the record of this enrollment (:meth:`Records.mark_enrolled`), so an
+        unprepare goes on beside a write in flight, and cancels one not yet under way
+        (waiting for the lock, or for its retry), since it removes the record anyway. A
+        request is never cancelled in flight: that would close its pooled connection to
+        the API server. A failure is tried again, at most :data:`RECORD_ATTEMPTS` times,
+        the lock released between tries; after that the next repeated prepare, or the
+        start-up repair, finishes it."""
         write = _RecordWrite()
 
         async def restore() -> None:
-            async with self._claim_locks.hold(prepared.uid):
+            if created:
                 write.under_way = True
                 try:
-                    await self._repairer.restore_record(prepared, created=created)
+                    await self._repairer.restore_record(prepared, created=True)
                 finally:
                     write.under_way = False
+                return
+            async with self._claim_locks.hold(prepared.uid):
+                await self._repairer.restore_record(prepared)
 
         write.task = self._track(
             self._attempts("writing a prepared claim's Client record", prepared, restore)
@@ -254,7 +259,7 @@ class ClaimService:
 
     def _cancel_enrolled_write(self, uid: str) -> None:
         """Before an unprepare: drop the claim's record status write if it is not under
-        way (the unprepare waits for one that is, on the claim's lock)."""
+        way (one that is lands on the record before its removal, or on nothing)."""
         write = self._enrolled_writes.pop(uid, None)
         if write is not None and write.task is not None and not write.under_way:
             write.task.cancel()
