@@ -93,6 +93,7 @@ from bench.kubelet_report import (
 from hack import supervise
 from hack.tied import start_tied
 from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED
+from thunder_dra.kube.resources import CLIENTS
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "hack" / "build-kubeletbench.sh"
@@ -234,6 +235,52 @@ def enrollment(claim: Mapping[str, Any]) -> str | None:
         for e in entries
     ]
     return "" if enrolled and all(enrolled) else None
+
+
+def cpu_ticks(pid: int) -> int:
+    """User and system CPU time of a process so far, in clock ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+class Leftovers:
+    """What a daemon still does for the claims after drabench has its answers: the claim
+    status writes and the `Client` records' removal. A case starts once the one before
+    has none left, so that work is measured with its own daemon's case, not the next."""
+
+    def __init__(self, env: Environment, claims: Sequence[Claim]) -> None:
+        assert env.cluster is not None
+        self.env = env
+        self.names = {c.name for c in claims}
+        self._api = config.new_client_from_config(config_file=str(env.cluster.kubeconfig))  # type: ignore[no-untyped-call]
+        self._custom = client.CustomObjectsApi(self._api)
+
+    def close(self) -> None:
+        self._api.close()
+
+    def count(self) -> int:
+        """Claims with entries of our driver in ``status.devices``, and `Client` records."""
+        claims: Any = self._custom.list_namespaced_custom_object(
+            *GROUP_RESOURCE, self.env.namespace, "resourceclaims"
+        )
+        records: Any = self._custom.list_namespaced_custom_object(
+            CLIENTS.group, CLIENTS.version, self.env.namespace, CLIENTS.plural
+        )
+        entries = [
+            item
+            for item in claims["items"]
+            if item["metadata"]["name"] in self.names and _driver_entries(item)
+        ]
+        return len(entries) + len(records["items"])
+
+    def wait_none(self, after: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while (left := self.count()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if left:
+            raise SystemExit(
+                f"{left} claim status entries and Client records left {timeout:g} s after {after}"
+            )
 
 
 class BindingClaims:
@@ -425,6 +472,7 @@ def run_cases(
     )
     cases: list[Case] = []
     floor: Floor | None = None
+    leftovers = Leftovers(env, env.claims)
     try:
         binding.check_kept()
         plugins: dict[str, tuple[Path, int]] = {}
@@ -440,6 +488,11 @@ def run_cases(
             for plugin, (registry, pid) in plugins.items():
                 name = f"{plugin}-{in_flight}"
                 raw = drive(drabench, env, registry, pid, pods, in_flight, name, run_ms=run_ms)
+                watched = {"plugin": pid, "kube-apiserver": env.cluster.pids["kube-apiserver"]}
+                ticks = {label: cpu_ticks(p) for label, p in watched.items()}
+                leftovers.wait_none(name)
+                for label, p in watched.items():
+                    raw["cpu_ticks"][label] += cpu_ticks(p) - ticks[label]
                 cases.append(parse_case(plugin, raw, clock_ticks))
                 print(f"{plugin}, {in_flight} in flight: done", file=sys.stderr)
 
@@ -481,6 +534,7 @@ def run_cases(
             print(f"{OURS_BINDING}, {in_flight} in flight: done", file=sys.stderr)
     finally:
         binding.close()
+        leftovers.close()
         if floor is not None:
             floor.stop()
     return cases

@@ -391,7 +391,10 @@ def render(
                 if c.plugin != OURS_BINDING
             )
             + f'. "{many} in flight": {many} pods at once, each prepared and then '
-            "unprepared before the next is taken.",
+            "unprepared before the next is taken. A case starts once the daemon of the "
+            "case before has finished what it does after its answers (no claim status "
+            "entry or `Client` record left): the CPU that takes after drabench's last "
+            "answer is added to that daemon's case, not to the next plugin's.",
             *binding_text,
             "",
             *_latency_header(compared),
@@ -405,7 +408,8 @@ def render(
             "(sum over count) for the same calls: the plugin's share of each call, the "
             "rest being the kubelet's own work (the claim read on prepare, the checkpoint "
             "on both). CPU per claim is a "
-            "prepare plus an unprepare, from /proc/<pid>/stat over the timed calls.",
+            "prepare plus an unprepare, from /proc/<pid>/stat over the timed calls and, for "
+            "a daemon, the work left after its last answer.",
             "",
             "Ratios, ours over floor:",
             "",
