@@ -248,6 +248,19 @@ class KubeClient:
         stale prefix, so the caller starts again. ``accept`` asks for another shape of
         list, e.g. :data:`METADATA_ONLY` (the items' metadata alone).
         """
+        async for page in self._pages(collection, label_selector, field_selector, limit, accept):
+            items: list[JSON] = page.get("items") or []
+            yield items
+
+    async def _pages(
+        self,
+        collection: str,
+        label_selector: str | None,
+        field_selector: str | None,
+        limit: int,
+        accept: str | None = None,
+    ) -> AsyncIterator[JSON]:
+        """The list answers of a collection, a page each, until no continue token is left."""
         token = ""
         while True:
             query = {"limit": str(limit)}
@@ -257,9 +270,8 @@ class KubeClient:
                 query["fieldSelector"] = field_selector
             if token:
                 query["continue"] = token
-            page = await self.request("GET", collection, query=query, accept=accept) or {}
-            items: list[JSON] = page.get("items") or []
-            yield items
+            page: JSON = await self.request("GET", collection, query=query, accept=accept) or {}
+            yield page
             token = bodies.list_continue(page)
             if not token:
                 return
@@ -272,25 +284,37 @@ class KubeClient:
         field_selector: str | None = None,
     ) -> list[JSON]:
         """Every item of a collection; a list whose continue token expired is read again once."""
+        items, _ = await self._whole_list(collection, label_selector, field_selector)
+        return items
+
+    async def list_with_version(
+        self, collection: str, *, limit: int = LIST_PAGE_SIZE
+    ) -> tuple[list[JSON], str]:
+        """Every item of a collection, a page at a time, and the list's resourceVersion
+        (every page is read from the same one), to watch from; a list whose continue token
+        expired is read again once."""
+        return await self._whole_list(collection, None, None, limit)
+
+    async def _whole_list(
+        self,
+        collection: str,
+        label_selector: str | None,
+        field_selector: str | None,
+        limit: int = LIST_PAGE_SIZE,
+    ) -> tuple[list[JSON], str]:
         for attempt in (1, 2):
-            result: list[JSON] = []
+            items: list[JSON] = []
+            version = ""
             try:
-                async for page in self.list_pages(
-                    collection, label_selector=label_selector, field_selector=field_selector
-                ):
-                    result.extend(page)
+                async for page in self._pages(collection, label_selector, field_selector, limit):
+                    items.extend(page.get("items") or [])
+                    version = version or str(bodies.metadata(page).get("resourceVersion") or "")
             except Gone:
                 if attempt == 2:
                     raise
                 continue
-            return result
+            return items, version
         raise AssertionError("unreachable")
-
-    async def list_with_version(self, collection: str) -> tuple[list[JSON], str]:
-        """Every item of a collection and the list's resourceVersion, to watch from."""
-        page = await self.request("GET", collection) or {}
-        items: list[JSON] = page.get("items") or []
-        return items, str(bodies.metadata(page).get("resourceVersion") or "")
 
     async def watch_window(
         self, collection: str, *, resource_version: str, seconds: int = WATCH_WINDOW

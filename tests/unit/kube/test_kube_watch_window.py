@@ -164,7 +164,38 @@ async def test_a_listing_returns_its_items_and_version() -> None:
     assert [i["metadata"]["name"] for i in items] == ["a", "b"]
     assert version == "99"
     (request,) = transport.requests
-    assert (request.method, request.path, request.query) == ("GET", CLAIMS, ())
+    assert (request.method, request.path, request.query) == ("GET", CLAIMS, (("limit", "100"),))
+
+
+def _page(version: str, token: str, *names: str) -> Response:
+    page = {
+        "metadata": {"resourceVersion": version, "continue": token},
+        "items": [_claim(n, "1") for n in names],
+    }
+    return Response(200, "OK", json.dumps(page).encode())
+
+
+async def test_a_listing_comes_a_page_at_a_time_and_keeps_the_first_pages_version() -> None:
+    transport = ScriptedTransport(_page("99", "t1", "a", "b"), _page("99", "", "c"))
+    items, version = await KubeClient(transport).list_with_version(CLAIMS, limit=2)
+    assert [i["metadata"]["name"] for i in items] == ["a", "b", "c"]
+    assert version == "99"
+    assert [r.query for r in transport.requests] == [
+        (("limit", "2"),),
+        (("limit", "2"), ("continue", "t1")),
+    ]
+
+
+async def test_a_listing_whose_continue_token_expired_is_read_again_once() -> None:
+    expired = Response(410, "Gone", json.dumps({"kind": "Status", "reason": "Expired"}).encode())
+    transport = ScriptedTransport(
+        _page("99", "t1", "a"), expired, _page("120", "t2", "a"), _page("120", "", "b")
+    )
+    items, version = await KubeClient(transport).list_with_version(CLAIMS, limit=1)
+    assert ([i["metadata"]["name"] for i in items], version) == (["a", "b"], "120")
+    transport = ScriptedTransport(_page("99", "t1", "a"), expired, _page("120", "t2", "a"), expired)
+    with pytest.raises(Gone):
+        await KubeClient(transport).list_with_version(CLAIMS, limit=1)
 
 
 async def test_an_empty_listing_is_no_items() -> None:
