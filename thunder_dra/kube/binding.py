@@ -9,10 +9,29 @@ until the daemon of the chosen node has enrolled the claim with Thunder and set
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 ENROLLED: Final = "thundercompute.com/Enrolled"
 """The binding condition: the claim's Thunder client is enrolled on the chosen node."""
 ENROLLMENT_FAILED: Final = "thundercompute.com/EnrollmentFailed"
 """The binding failure condition: enrolling the claim failed (Thunder refused, or another
 step); its reason and message say why."""
+
+
+def enrollment_results(claim: Mapping[str, Any], driver: str) -> list[Mapping[str, Any]]:
+    """The claim's allocation results of ``driver`` whose binding conditions ask for
+    :data:`ENROLLED`; none where the claim's status is not shaped as the API server
+    writes it."""
+    status = claim.get("status")
+    allocation = status.get("allocation") if isinstance(status, Mapping) else None
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    return [
+        r
+        for r in (results if isinstance(results, list | tuple) else ())
+        if isinstance(r, Mapping)
+        and r.get("driver") == driver
+        and isinstance(r.get("bindingConditions"), list | tuple)
+        and ENROLLED in r["bindingConditions"]
+    ]

@@ -39,7 +39,7 @@ from typing import Any, Final, Protocol
 from thunder_dra.backoff import backoff_delay
 from thunder_dra.kube import bodies
 from thunder_dra.kube import errors as kube_errors
-from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED
+from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED, enrollment_results
 from thunder_dra.kube.resources import PODS, RESOURCE_CLAIMS
 from thunder_dra.plugin.claims.allocation import reserved_pods
 from thunder_dra.plugin.state.checkpoint import CheckpointStore, ClaimRef, PreparedClaim
@@ -97,17 +97,7 @@ def waits_for_enrollment(claim: Mapping[str, Any], driver: str) -> bool:
     allocated device asks for it and no entry says ``Enrolled`` or ``EnrollmentFailed``
     yet, and the claim is reserved for a pod."""
     status = _mapping(claim.get("status"))
-    if not status.get("reservedFor"):
-        return False
-    results = _mapping(_mapping(status.get("allocation")).get("devices")).get("results")
-    asking = [
-        r
-        for r in (results if isinstance(results, list) else [])
-        if isinstance(r, Mapping)
-        and r.get("driver") == driver
-        and ENROLLED in _list(r.get("bindingConditions"))
-    ]
-    if not asking:
+    if not status.get("reservedFor") or not enrollment_results(claim, driver):
         return False
     devices = status.get("devices")
     for entry in _list(devices):

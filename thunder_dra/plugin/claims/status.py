@@ -52,7 +52,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from thunder_dra.backoff import backoff_delay
 from thunder_dra.kube import errors as kube_errors
-from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED
+from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED, enrollment_results
 from thunder_dra.kube.resources import RESOURCE_CLAIMS
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.plugin.state.checkpoint import ClaimRef, PreparedClaim
@@ -194,13 +194,17 @@ def allocated_devices(claim: Mapping[str, Any], driver: str) -> list[JSON]:
 
 def binding_devices(claim: Mapping[str, Any], driver: str) -> set[tuple[str, str, str, str]]:
     """Keys of the claim's ``driver`` devices whose allocation waits for :data:`ENROLLED`."""
-    keys = set()
-    for result in _results(claim, driver):
-        conditions = result.get("bindingConditions")
-        if isinstance(conditions, list | tuple) and ENROLLED in conditions:
-            entry = {"driver": driver, "pool": result.get("pool"), "device": result.get("device")}
-            keys.add(_key({**entry, "shareID": result.get("shareID")}))
-    return keys
+    return {
+        _key(
+            {
+                "driver": driver,
+                "pool": result.get("pool"),
+                "device": result.get("device"),
+                "shareID": result.get("shareID"),
+            }
+        )
+        for result in enrollment_results(claim, driver)
+    }
 
 
 def current_entries(claim: Mapping[str, Any], driver: str) -> list[JSON]:
