@@ -389,9 +389,14 @@ async def cycles(
     return prepares, unprepares
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_ticks(pid: int) -> int:
+    """User and system CPU time of a process so far, in clock ticks."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) + int(fields[12])
+
+
+def _cpu_seconds(pid: int) -> float:
+    return cpu_ticks(pid) / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(env: Environment, pid: int, in_flight: int) -> dict[str, Any]:

@@ -76,7 +76,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from bench.daemon_prepare import DRIVER, GROUP_RESOURCE, Claim, Environment
+from bench.daemon_prepare import DRIVER, GROUP_RESOURCE, Claim, Environment, cpu_ticks
 from bench.docsection import command_line
 from bench.kubelet_report import (
     BEFORE,
@@ -237,55 +237,8 @@ def enrollment(claim: Mapping[str, Any]) -> str | None:
     return "" if enrolled and all(enrolled) else None
 
 
-def cpu_ticks(pid: int) -> int:
-    """User and system CPU time of a process so far, in clock ticks."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
-class Leftovers:
-    """What a daemon still does for the claims after drabench has its answers: the claim
-    status writes and the `Client` records' removal. A case starts once the one before
-    has none left, so that work is measured with its own daemon's case, not the next."""
-
-    def __init__(self, env: Environment, claims: Sequence[Claim]) -> None:
-        assert env.cluster is not None
-        self.env = env
-        self.names = {c.name for c in claims}
-        self._api = config.new_client_from_config(config_file=str(env.cluster.kubeconfig))  # type: ignore[no-untyped-call]
-        self._custom = client.CustomObjectsApi(self._api)
-
-    def close(self) -> None:
-        self._api.close()
-
-    def count(self) -> int:
-        """Claims with entries of our driver in ``status.devices``, and `Client` records."""
-        claims: Any = self._custom.list_namespaced_custom_object(
-            *GROUP_RESOURCE, self.env.namespace, "resourceclaims"
-        )
-        records: Any = self._custom.list_namespaced_custom_object(
-            CLIENTS.group, CLIENTS.version, self.env.namespace, CLIENTS.plural
-        )
-        entries = [
-            item
-            for item in claims["items"]
-            if item["metadata"]["name"] in self.names and _driver_entries(item)
-        ]
-        return len(entries) + len(records["items"])
-
-    def wait_none(self, after: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while (left := self.count()) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if left:
-            raise SystemExit(
-                f"{left} claim status entries and Client records left {timeout:g} s after {after}"
-            )
-
-
-class BindingClaims:
-    """The claims of the enrollment-before-binding cases, read and reserved through the
-    API server."""
+class ClaimsReader:
+    """Some claims of the run, read through the API server."""
 
     def __init__(self, env: Environment, claims: Sequence[Claim]) -> None:
         assert env.cluster is not None
@@ -308,6 +261,34 @@ class BindingClaims:
             for item in listed["items"]
             if item["metadata"]["name"] in names
         }
+
+
+class Leftovers(ClaimsReader):
+    """What a daemon still does for the claims after drabench has its answers: the claim
+    status writes and the `Client` records' removal. A case starts once the one before
+    has none left, so that work is measured with its own daemon's case, not the next."""
+
+    def count(self) -> int:
+        """Claims with entries of our driver in ``status.devices``, and `Client` records."""
+        records: Any = self._custom.list_namespaced_custom_object(
+            CLIENTS.group, CLIENTS.version, self.env.namespace, CLIENTS.plural
+        )
+        entries = [item for item in self.read().values() if _driver_entries(item)]
+        return len(entries) + len(records["items"])
+
+    def wait_none(self, after: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while (left := self.count()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if left:
+            raise SystemExit(
+                f"{left} claim status entries and Client records left {timeout:g} s after {after}"
+            )
+
+
+class BindingClaims(ClaimsReader):
+    """The claims of the enrollment-before-binding cases, read and reserved through the
+    API server."""
 
     def check_kept(self) -> None:
         """Fail unless the API server kept every claim's binding fields."""
