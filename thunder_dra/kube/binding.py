@@ -19,10 +19,9 @@ ENROLLMENT_FAILED: Final = "thundercompute.com/EnrollmentFailed"
 step); its reason and message say why."""
 
 
-def enrollment_results(claim: Mapping[str, Any], driver: str) -> list[Mapping[str, Any]]:
-    """The claim's allocation results of ``driver`` whose binding conditions ask for
-    :data:`ENROLLED`; none where the claim's status is not shaped as the API server
-    writes it."""
+def driver_results(claim: Mapping[str, Any], driver: str) -> list[Mapping[str, Any]]:
+    """The claim's allocation results of ``driver``; none where the claim's status is not
+    shaped as the API server writes it."""
     status = claim.get("status")
     allocation = status.get("allocation") if isinstance(status, Mapping) else None
     devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
@@ -30,8 +29,16 @@ def enrollment_results(claim: Mapping[str, Any], driver: str) -> list[Mapping[st
     return [
         r
         for r in (results if isinstance(results, list | tuple) else ())
-        if isinstance(r, Mapping)
-        and r.get("driver") == driver
-        and isinstance(r.get("bindingConditions"), list | tuple)
+        if isinstance(r, Mapping) and r.get("driver") == driver
+    ]
+
+
+def enrollment_results(claim: Mapping[str, Any], driver: str) -> list[Mapping[str, Any]]:
+    """The claim's allocation results of ``driver`` whose binding conditions ask for
+    :data:`ENROLLED`."""
+    return [
+        r
+        for r in driver_results(claim, driver)
+        if isinstance(r.get("bindingConditions"), list | tuple)
         and ENROLLED in r["bindingConditions"]
     ]

@@ -52,7 +52,12 @@ from prometheus_client import CollectorRegistry, Counter
 
 from thunder_dra.backoff import backoff_delay
 from thunder_dra.kube import errors as kube_errors
-from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED, enrollment_results
+from thunder_dra.kube.binding import (
+    ENROLLED,
+    ENROLLMENT_FAILED,
+    driver_results,
+    enrollment_results,
+)
 from thunder_dra.kube.resources import RESOURCE_CLAIMS
 from thunder_dra.plugin.metrics import ErrorReason
 from thunder_dra.plugin.state.checkpoint import ClaimRef, PreparedClaim
@@ -173,18 +178,10 @@ def _key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
     )
 
 
-def _results(claim: Mapping[str, Any], driver: str) -> list[Mapping[str, Any]]:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    if not isinstance(results, list | tuple):
-        return []
-    return [r for r in results if isinstance(r, Mapping) and r.get("driver") == driver]
-
-
 def allocated_devices(claim: Mapping[str, Any], driver: str) -> list[JSON]:
     """The claim's devices allocated from ``driver``, as entry keys, once each."""
     keys: dict[tuple[str, str, str, str], JSON] = {}
-    for result in _results(claim, driver):
+    for result in driver_results(claim, driver):
         entry: JSON = {"driver": driver, "pool": result["pool"], "device": result["device"]}
         if result.get("shareID"):
             entry["shareID"] = result["shareID"]
