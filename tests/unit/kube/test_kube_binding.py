@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED, enrollment_results
@@ -67,6 +67,7 @@ JSONISH = st.recursive(
 )
 
 
+@settings(max_examples=200, deadline=None)
 @given(
     st.dictionaries(
         st.sampled_from(["status", "allocation", "devices", "results"]), JSONISH, max_size=4
