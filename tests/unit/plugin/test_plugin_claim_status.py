@@ -447,6 +447,35 @@ async def test_a_fresh_prepare_writes_from_the_claim_it_read_and_its_unprepare_r
     assert len(api.applies) == 2
 
 
+async def test_a_repeated_prepare_of_entries_this_writer_set_reads_and_writes_nothing() -> None:
+    api = FakeClaims(_claim())
+    registry = CollectorRegistry()
+    writer = _writer(api, registry)
+    writer.prepared(_prepared(), _claim())
+    await writer.idle()
+    writer.prepared(_prepared())  # the kubelet's prepare of a claim enrolled before binding
+    await writer.idle()
+    assert (api.gets, len(api.applies)) == (0, 1)
+    assert _count(registry, "unchanged") == 1
+
+    # Another outcome, or the same one to a writer that did not set the entries (a
+    # restarted daemon), reads the claim first.
+    writer.prepared(_prepared(client_id="client-43"))
+    await writer.idle()
+    assert (api.gets, len(api.applies)) == (1, 2)
+    restarted = _writer(api, CollectorRegistry())
+    restarted.prepared(_prepared(client_id="client-43"))
+    await restarted.idle()
+    assert (api.gets, len(api.applies)) == (2, 2)
+
+    # A failure is read each time: a claim that failed may since be allocated anew.
+    writer.failed(_prepared(), "Thunder mint failed: refused", ErrorReason.THUNDER_MINT)
+    await writer.idle()
+    writer.failed(_prepared(), "Thunder mint failed: refused", ErrorReason.THUNDER_MINT)
+    await writer.idle()
+    assert (api.gets, len(api.applies)) == (4, 3)
+
+
 async def test_a_claim_read_before_it_changed_is_read_again() -> None:
     # The prepare read the claim allocated two devices; it now has one: the API server
     # refuses entries for a device not allocated, and the writer writes what it reads.

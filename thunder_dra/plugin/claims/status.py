@@ -26,8 +26,9 @@ name. What the write knows of the claim comes from one of three places:
 - a fresh prepare hands over the claim it read moments before: the entries are made from
   its allocation and written at once;
 - an unprepare of a claim whose entries this writer set needs nothing of the claim: the
-  apply removes them;
-- otherwise (a repeated prepare, a failure, a retry, an unprepare after a restart, a
+  apply removes them; and a repeated prepare whose entries this writer set (the
+  kubelet's prepare of a claim enrolled before binding) costs no request at all;
+- otherwise (another outcome without a fresh read, a retry, anything after a restart, a
   write the API server refused) the claim is read first, and written only when this
   driver's entries differ.
 
@@ -343,9 +344,10 @@ class ClaimStatusWriter:
         self._retry_cap = retry_cap
         self._clock = clock
         self._pending: dict[str, tuple[ClaimTarget, Outcome, Mapping[str, Any] | None]] = {}
-        # Claims whose stored entries this writer last set (an unprepare removes them
-        # without reading the claim first).
-        self._holding: set[str] = set()
+        # Claims whose stored entries this writer last set, with the outcome they say: an
+        # unprepare removes them, and the same outcome again leaves them, without reading
+        # the claim first.
+        self._holding: dict[str, Outcome] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(WRITE_CONCURRENCY)
         self.writes = Counter(
@@ -440,10 +442,18 @@ class ClaimStatusWriter:
     ) -> None:
         """One write of ``outcome`` (the writer's tasks call it; tests too); ``read`` is the
         claim as a fresh prepare read it."""
+        held = self._holding.get(target.uid)
         if read is not None and (read.get("metadata") or {}).get("uid") == target.uid:
             desired = desired_entries(read, self._driver, outcome, self._clock())
-        elif outcome.ready is None and target.uid in self._holding:
+        elif held is not None and outcome.ready is None:
             desired = []
+        elif outcome.ready and held == outcome:
+            # The entries this writer set already say it: the kubelet's prepare of a claim
+            # prepared before (enrolled before binding, a kubelet restart). The claim is
+            # still prepared here, so its allocation is the one those entries name; a
+            # failure is read again, since a claim that failed may since be allocated anew.
+            self.writes.labels("unchanged").inc()
+            return
         else:
             await self._write_read(target, outcome)
             return
@@ -466,7 +476,7 @@ class ClaimStatusWriter:
         current = current_entries(claim, self._driver)
         desired = desired_entries(claim, self._driver, outcome, self._clock())
         if unchanged(current, desired):
-            self._hold(target.uid, desired)
+            self._hold(target.uid, outcome, desired)
             self.writes.labels("unchanged").inc()
             return
         await self._apply(target, outcome, desired)
@@ -485,7 +495,7 @@ class ClaimStatusWriter:
         except kube_errors.NotFound:
             self._gone(target)
             return
-        self._hold(target.uid, desired)
+        self._hold(target.uid, outcome, desired)
         self.writes.labels("written").inc()
         log.info(
             "claim device status written",
@@ -498,12 +508,12 @@ class ClaimStatusWriter:
             },
         )
 
-    def _hold(self, uid: str, entries: Sequence[Mapping[str, Any]]) -> None:
+    def _hold(self, uid: str, outcome: Outcome, entries: Sequence[Mapping[str, Any]]) -> None:
         if entries:
-            self._holding.add(uid)
+            self._holding[uid] = outcome
         else:
-            self._holding.discard(uid)
+            self._holding.pop(uid, None)
 
     def _gone(self, target: ClaimTarget) -> None:
-        self._holding.discard(target.uid)
+        self._holding.pop(target.uid, None)
         self.writes.labels("gone").inc()
