@@ -80,6 +80,7 @@ from bench.daemon_prepare import DRIVER, GROUP_RESOURCE, Claim, Environment, cpu
 from bench.docsection import command_line
 from bench.kubelet_report import (
     BEFORE,
+    BEFORE_BINDING,
     FLOOR,
     OURS,
     OURS_BINDING,
@@ -121,6 +122,12 @@ def resolve_baseline(ref: str) -> Baseline:
     _git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     commit, subject = _git("show", "-s", "--format=%h%n%s", ref).splitlines()[:2]
     return Baseline(commit=commit, subject=subject)
+
+
+def enrolls_before_binding(source: Path) -> bool:
+    """Whether the daemon of the source tree ``source`` has ``--enroll-before-binding``."""
+    config = source / "thunder_dra" / "plugin" / "config.py"
+    return config.is_file() and "--enroll-before-binding" in config.read_text()
 
 
 def export_tree(commit: str, directory: Path) -> Path:
@@ -436,7 +443,8 @@ def run_cases(
     run_ms: int = 0,
 ) -> list[Case]:
     """Every case, in order: before (with a baseline), ours and floor for each number in
-    flight, then ours enrolled before binding for each."""
+    flight, then, for each, before (when its daemon has ``--enroll-before-binding``) and
+    ours enrolled before binding."""
     assert env.cluster is not None
     assert env.fake is not None
     clock_ticks = os.sysconf("SC_CLK_TCK")
@@ -457,10 +465,15 @@ def run_cases(
     try:
         binding.check_kept()
         plugins: dict[str, tuple[Path, int]] = {}
+        # The daemons enrolled before binding, in order: (case, directory, source tree).
+        binders: list[tuple[str, Path, Path]] = []
         if baseline is not None:
             source = export_tree(baseline.commit, workdir / "before-source")
             before = env.spawn_daemon(env.root / BEFORE, source=source)
             plugins[BEFORE] = (env.root / BEFORE / "plugins_registry", before.pid)
+            if enrolls_before_binding(source):
+                binders.append((BEFORE_BINDING, env.root / BEFORE, source))
+        binders.append((OURS_BINDING, env.root, REPO))
         plugins[OURS] = (env.root / "plugins_registry", env.start_daemon())
         floor = Floor(bin_dir / "floorplugin", env.root / "floor", env.cluster.kubeconfig, env.node)
         plugins[FLOOR] = (floor.registry, floor.process.pid)
@@ -477,42 +490,52 @@ def run_cases(
                 cases.append(parse_case(plugin, raw, clock_ticks))
                 print(f"{plugin}, {in_flight} in flight: done", file=sys.stderr)
 
-        assert env.daemon is not None
-        env.stop_daemon(env.daemon)
-        env.daemon = env.spawn_daemon(env.root, extra_args=["--enroll-before-binding"])
+        for daemon in list(env.daemons):
+            env.stop_daemon(daemon)
         warmup = pods_file(binding.claims[:WARMUP], env.root / "bind-warmup.json")
         timed = pods_file(binding.claims[WARMUP:], env.root / "bind-pods.json")
-        for index, in_flight in enumerate(in_flights):
-            if index:
-                binding.wait_unprepared()
-                binding.reserve_again()
-            binding.wait_enrolled(env.root / "daemon.log")
-            writes_before = len(env.fake.admin.writes())
-            raw = drive(
-                drabench,
-                env,
-                env.root / "plugins_registry",
-                env.daemon.pid,
-                timed,
-                in_flight,
-                f"ours-binding-{in_flight}",
-                warmup=warmup,
-                end_reservations=True,
-                run_ms=run_ms,
-            )
-            minted = [
-                w
-                for w in env.fake.admin.writes()[writes_before:]
-                if w["method"] == "POST" and w["path"] == MINT_PATH
-            ]
-            if minted:
-                raise SystemExit(
-                    f"the fake Thunder service saw {len(minted)} enrollments during drabench's "
-                    f"run of {OURS_BINDING} with {in_flight} in flight: its figures would "
-                    "include enrollments, not only the checks of claims enrolled before binding"
+        first = True
+        for in_flight in in_flights:
+            for plugin, root, source in binders:
+                if not first:
+                    binding.reserve_again()
+                first = False
+                # One daemon at a time: each enrolls every claim reserved for its node.
+                daemon = env.spawn_daemon(
+                    root, source=source, extra_args=["--enroll-before-binding"]
                 )
-            cases.append(parse_case(OURS_BINDING, raw, clock_ticks))
-            print(f"{OURS_BINDING}, {in_flight} in flight: done", file=sys.stderr)
+                binding.wait_enrolled(root / "daemon.log")
+                writes_before = len(env.fake.admin.writes())
+                name = f"{'before' if plugin == BEFORE_BINDING else 'ours'}-binding-{in_flight}"
+                raw = drive(
+                    drabench,
+                    env,
+                    root / "plugins_registry",
+                    daemon.pid,
+                    timed,
+                    in_flight,
+                    name,
+                    warmup=warmup,
+                    end_reservations=True,
+                    run_ms=run_ms,
+                )
+                minted = [
+                    w
+                    for w in env.fake.admin.writes()[writes_before:]
+                    if w["method"] == "POST" and w["path"] == MINT_PATH
+                ]
+                if minted:
+                    raise SystemExit(
+                        f"the fake Thunder service saw {len(minted)} enrollments during "
+                        f"drabench's run of {plugin} with {in_flight} in flight: its figures "
+                        "would include enrollments, not only the checks of claims enrolled "
+                        "before binding"
+                    )
+                cases.append(parse_case(plugin, raw, clock_ticks))
+                # Before the daemon stops: its status writer removes the entries.
+                binding.wait_unprepared()
+                env.stop_daemon(daemon)
+                print(f"{plugin}, {in_flight} in flight: done", file=sys.stderr)
     finally:
         binding.close()
         leftovers.close()

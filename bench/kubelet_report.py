@@ -29,6 +29,9 @@ FLOOR = "floor"
 BEFORE = "before"
 OURS_BINDING = "ours, enrolled before binding"
 """The plugin name of the cases of ours with ``--enroll-before-binding``."""
+BEFORE_BINDING = "before, enrolled before binding"
+"""The same cases of the baseline's daemon (when it has ``--enroll-before-binding``)."""
+BINDING_PLUGINS = (BEFORE_BINDING, OURS_BINDING)
 TARGET_PREPARE_RATIO = 2.5
 TARGET_UNPREPARE_RATIO = 3.0
 TARGET_BINDING_RATIO = 1.5
@@ -217,8 +220,10 @@ def render(
     beside ours; with cases of :data:`OURS_BINDING`, the enrollment-before-binding rows;
     with ``thunder_latency_ms``, the section of a run whose Thunder answered that late."""
     compared = [BEFORE, OURS] if baseline else [OURS]
-    in_flights = sorted({c.in_flight for c in cases if c.plugin != OURS_BINDING})
+    in_flights = sorted({c.in_flight for c in cases if c.plugin not in BINDING_PLUGINS})
     binding_flights = sorted({c.in_flight for c in cases if c.plugin == OURS_BINDING})
+    binding_plugins = [p for p in BINDING_PLUGINS if any(c.plugin == p for c in cases)]
+    binders = {OURS: OURS_BINDING, BEFORE: BEFORE_BINDING}
     rows = []
     for call in ("prepare", "unprepare"):
         for n in in_flights:
@@ -226,12 +231,13 @@ def render(
             rows.append(_latency_row(call, n, series, getattr(_case(cases, FLOOR, n), call)))
     for n in binding_flights:
         binding = {
-            p: _case(cases, OURS_BINDING, n).prepare if p == OURS else None for p in compared
+            p: _case(cases, binders[p], n).prepare if binders[p] in binding_plugins else None
+            for p in compared
         }
         floor_prepare = _case(cases, FLOOR, n).prepare
         rows.append(_latency_row("prepare, enrolled before binding", n, binding, floor_prepare))
     columns = [(n, plugin) for n in in_flights for plugin in (*compared, FLOOR)]
-    columns += [(n, OURS_BINDING) for n in binding_flights]
+    columns += [(n, plugin) for n in binding_flights for plugin in binding_plugins]
     header = " | ".join(f"{plugin}, {n} in flight" for n, plugin in columns)
 
     def per_case(label: str, value: Any) -> str:
@@ -293,6 +299,13 @@ def render(
                 f"unprepare p50 {against(before.unprepare.pct(0.5), ours.unprepare.pct(0.5))} "
                 f"{where}"
             )
+        for n in binding_flights if BEFORE_BINDING in binding_plugins else ():
+            where = "one at a time" if n == 1 else f"with {n} in flight"
+            before, ours = _case(cases, BEFORE_BINDING, n), _case(cases, OURS_BINDING, n)
+            spans.append(
+                "enrolled before binding, prepare p50 "
+                f"{against(before.prepare.pct(0.5), ours.prepare.pct(0.5))} {where}"
+            )
         comparison = ["", "ours against before: " + "; ".join(spans) + "."]
 
     busy = "plugins alternating." if baseline else "two plugins alternating."
@@ -316,16 +329,22 @@ def render(
     if binding_flights:
         calls = _case(cases, OURS_BINDING, binding_flights[0]).calls
         flights = " and then ".join(str(n) for n in binding_flights)
+        runs = (
+            f'"{BEFORE_BINDING}" and "{OURS_BINDING}", run last, alternating, with {flights} '
+            "in flight, are before and ours, each alone and restarted with"
+            if BEFORE_BINDING in binding_plugins
+            else f'"{OURS_BINDING}", run last with {flights} in flight, is ours restarted with'
+        )
         binding_text = [
             "",
-            f'"{OURS_BINDING}", run last with {flights} in flight, is ours restarted with '
+            f"{runs} "
             f"`--enroll-before-binding` against {calls} claims of its own whose allocation "
             f"names the node and asks for `{ENROLLED}`, as the scheduler allocates them for "
             "enrollment before binding: the daemon enrolls each claim before the timing "
             "starts, so the kubelet's prepare finds it in the daemon's checkpoint and only "
             "checks its files (between a pod's prepare and its unprepare drabench removes "
             "the pod from the claim's `reservedFor`, untimed, as the claim controller does "
-            "when a pod ends, so the daemon does not enroll it again); its ratio is against "
+            "when a pod ends, so the daemon does not enroll it again); the ratio is against "
             "the floor's prepare with the same number in flight.",
         ]
     plugins = "the plugins" if baseline else "both plugins"
@@ -388,7 +407,7 @@ def render(
             + ", ".join(
                 f"{c.plugin} with {c.in_flight} in flight"
                 for c in cases
-                if c.plugin != OURS_BINDING
+                if c.plugin not in BINDING_PLUGINS
             )
             + f'. "{many} in flight": {many} pods at once, each prepared and then '
             "unprepared before the next is taken. A case starts once the daemon of the "

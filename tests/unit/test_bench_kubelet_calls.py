@@ -17,6 +17,7 @@ from bench.docsection import INTRO
 from bench.kubelet_calls import binding_allocation, dropped_binding_fields, enrollment
 from bench.kubelet_report import (
     BEFORE,
+    BEFORE_BINDING,
     FLOOR,
     OURS,
     OURS_BINDING,
@@ -282,6 +283,34 @@ def test_with_a_baseline_the_binding_row_leaves_before_empty() -> None:
         "| prepare, enrolled before binding | 1 | - / 100 / 100 | - | 12.0 | 10.0 | - | 1.2x "
         "| - | 12.0 | 10.0 | - | 1.2x |"
     ) in section
+
+
+def test_a_baseline_enrolled_before_binding_stands_beside_ours() -> None:
+    before = [
+        parse_case(BEFORE_BINDING, _raw(1, 15.0, 30.0), clock_ticks=100),
+        parse_case(BEFORE_BINDING, _raw(20, 300.0, 600.0), clock_ticks=100),
+    ]
+    cases = [*_with_before(), before[0], _binding()[0], before[1], _binding()[1]]
+    section = render(cases, MACHINE, "cmd", baseline=BASELINE)
+    assert (
+        "| prepare, enrolled before binding | 1 | 100 / 100 / 100 | 15.0 | 12.0 | 10.0 | 1.5x "
+        "| 1.2x | 15.0 | 12.0 | 10.0 | 1.5x | 1.2x |"
+    ) in section
+    assert (
+        "enrolled before binding, prepare p50 1.2x faster one at a time; enrolled before "
+        "binding, prepare p50 1.5x faster with 20 in flight."
+    ) in section
+    assert (
+        f'"{BEFORE_BINDING}" and "{OURS_BINDING}", run last, alternating, with 1 and then 20 '
+        "in flight, are before and ours, each alone and restarted with "
+        "`--enroll-before-binding`"
+    ) in section
+    assert (
+        "| before, enrolled before binding, 1 in flight | ours, enrolled before binding, "
+        "1 in flight | before, enrolled before binding, 20 in flight |"
+    ) in section
+    assert "alternating: before with 1 in flight, ours with 1 in flight, floor" in section
+    assert "before, enrolled before binding with" not in section
 
 
 def _binding_claim(**result: Any) -> dict[str, Any]:
