@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from bench.daemon_prepare import API_TOKEN, DRIVER, Claim, Environment, cpu_ticks
+from bench.daemon_prepare import API_TOKEN, DRIVER, Claim, Environment, cpu_ms_per, cpu_seconds
 from bench.docsection import DOC, INTRO, command_line, replace_section
 from thunder_dra.kube import provenance
 from thunder_dra.kube.events import EventRecorder
@@ -112,7 +111,6 @@ def prepared_claim(claim: Claim, pool: str, device: str, zone: str) -> PreparedC
 async def measure(env: Environment, rounds: int) -> list[Figure]:
     assert env.cluster is not None
     pids = {name: env.cluster.pids[name] for name in WATCHED}
-    clock = os.sysconf("SC_CLK_TCK")
     kube = build_client(env.cluster.kubeconfig, user_agent="bench-api-requests")
     await kube.open()
     try:
@@ -147,15 +145,12 @@ async def measure(env: Environment, rounds: int) -> list[Figure]:
         figures = []
         for number in range(1, rounds + 1):
             for step in STEPS:
-                before = {name: cpu_ticks(pid) for name, pid in pids.items()}
+                before = cpu_seconds(pids)
                 started = time.perf_counter()
                 for index in range(len(claims)):
                     await work[step.label](index)
                 wall = time.perf_counter() - started
-                cpu = {
-                    name: (cpu_ticks(pid) - before[name]) / clock * 1000 / len(claims)
-                    for name, pid in pids.items()
-                }
+                cpu = cpu_ms_per(pids, before, len(claims))
                 figures.append(Figure(step, number, cpu, wall * 1000 / len(claims)))
                 print(f"round {number}: {step.label} done", file=sys.stderr)
         return figures

@@ -395,8 +395,19 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def _cpu_seconds(pid: int) -> float:
-    return cpu_ticks(pid) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pids: Mapping[str, int]) -> dict[str, float]:
+    """CPU time so far of each named process, in seconds."""
+    clock = os.sysconf("SC_CLK_TCK")
+    return {name: cpu_ticks(pid) / clock for name, pid in pids.items()}
+
+
+def cpu_ms_per(
+    pids: Mapping[str, int], before: Mapping[str, float], count: int
+) -> dict[str, float]:
+    """CPU time of each named process since ``before`` (:func:`cpu_seconds`), in ms per one
+    of ``count`` (claims)."""
+    now = cpu_seconds(pids)
+    return {name: (now[name] - before[name]) / count * 1000 for name in pids}
 
 
 async def measure(env: Environment, pid: int, in_flight: int) -> dict[str, Any]:
@@ -429,14 +440,11 @@ async def measure(env: Environment, pid: int, in_flight: int) -> dict[str, Any]:
         "etcd": env.cluster.pids["etcd"],
         "fake Thunder": env.fake.process.pid,
     }
-    cpu_before = {name: _cpu_seconds(p) for name, p in processes.items()}
+    cpu_before = cpu_seconds(processes)
     started = time.perf_counter()
     prepares, unprepares = await cycles(driver, claims, in_flight)
     wall = time.perf_counter() - started
-    cpu = {
-        name: (_cpu_seconds(p) - cpu_before[name]) / len(claims) * 1000
-        for name, p in processes.items()
-    }
+    cpu = cpu_ms_per(processes, cpu_before, len(claims))
     results += [Series(f"prepare, {in_flight} in flight", prepares)]
     results += [Series(f"unprepare, {in_flight} in flight", unprepares)]
     batches = [claims[i : i + in_flight] for i in range(0, len(claims), in_flight)]
