@@ -1,14 +1,17 @@
-"""Crash points for the daemon's claim lifecycle tests (Kubernetes is faked by
-:class:`tests.support.fakekube.FakeKube`, Thunder by :mod:`hack.fake_thunder`).
+"""Crash points and a meeting of calls for the daemon's claim lifecycle tests (Kubernetes is
+faked by :class:`tests.support.fakekube.FakeKube`, Thunder by :mod:`hack.fake_thunder`).
 
 :class:`CrashAt` is a :class:`CrashPoints` whose crash raises :class:`Crashed` instead of
 ending the process: being a ``BaseException``, it passes every ``except Exception`` the
 way a SIGKILL skips every handler, so no rollback runs and what was written stays.
+:class:`Meeting` shows that steps run at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from thunder_dra.plugin.state.crashpoints import ALL_STEPS, CrashPoints
 
@@ -66,3 +69,26 @@ class OnStep(Recording):
         super().reached(step)
         if step == self._target:
             self._action()
+
+
+Call = Callable[..., Coroutine[Any, Any, Any]]
+
+
+class Meeting:
+    """Wraps calls so that each waits until ``everyone`` of them have started: calls made
+    one after another would never get past the first."""
+
+    def __init__(self, everyone: int) -> None:
+        self.everyone = everyone
+        self.started: list[str] = []
+        self._all_started = asyncio.Event()
+
+    def wrap(self, name: str, call: Call) -> Call:
+        async def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.started.append(name)
+            if len(self.started) == self.everyone:
+                self._all_started.set()
+            await asyncio.wait_for(self._all_started.wait(), timeout=5)
+            return await call(*args, **kwargs)
+
+        return wrapped

@@ -1,25 +1,24 @@
-"""Prepare's last stage before the checkpoint: once the client ID is journaled, a pod
-claim's ``config.json``, its ``Client`` record and its CDI spec are written at once; each
-is finished (or failed) before the checkpoint commits the claim, and a failure or a crash
-among them rolls the whole attempt back."""
+"""Prepare's last stage before the checkpoint: once the token is exchanged, a pod claim's
+client ID journal line, its ``config.json``, its ``Client`` record and its CDI spec are
+written at once; each is finished (or failed) before the checkpoint commits the claim,
+and a failure or a crash among them rolls the whole attempt back, a ``config.json``
+whose client ID never reached the journal included."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.unit.plugin.fakes import CrashAt, Crashed
+from tests.unit.plugin.fakes import CrashAt, Crashed, Meeting
 from tests.unit.plugin.lifecycle_node import Daemon, World
 from thunder_dra.kube.errors import Unavailable
 from thunder_dra.plugin.claims import prepare as prepare_module
 from thunder_dra.plugin.files import clientconfig
 from thunder_dra.plugin.state.checkpoint import PreparedClaim
-
-Call = Callable[..., Coroutine[Any, Any, Any]]
 
 
 @pytest.fixture
@@ -27,29 +26,79 @@ def world(tmp_path: Path) -> World:
     return World(tmp_path)
 
 
-class Meeting:
-    """Wraps calls so that each waits until ``everyone`` of them have started: calls made
-    one after another would never get past the first."""
-
-    def __init__(self, everyone: int) -> None:
-        self.everyone = everyone
-        self.started: list[str] = []
-        self._all_started = asyncio.Event()
-
-    def wrap(self, name: str, call: Call) -> Call:
-        async def wrapped(*args: Any, **kwargs: Any) -> Any:
-            self.started.append(name)
-            if len(self.started) == self.everyone:
-                self._all_started.set()
-            await asyncio.wait_for(self._all_started.wait(), timeout=5)
-            return await call(*args, **kwargs)
-
-        return wrapped
-
-
 def _parts(daemon: Daemon) -> tuple[Any, Any]:
     deps = daemon.preparer.d
     return deps.records, deps.cdi
+
+
+async def test_the_client_id_is_journaled_while_the_files_and_the_record_are_written(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon = await world.start()
+    journal = daemon.preparer.d.journal
+    records, cdi = _parts(daemon)
+    meeting = Meeting(4)
+    monkeypatch.setattr(
+        journal, "record_client_id", meeting.wrap("journal", journal.record_client_id)
+    )
+    config = meeting.wrap("config", clientconfig.write_client_config)
+    monkeypatch.setattr(prepare_module, "write_client_config", config)
+    monkeypatch.setattr(records, "write_client", meeting.wrap("record", records.write_client))
+    monkeypatch.setattr(cdi, "write_claim", meeting.wrap("cdi", cdi.write_claim))
+    ref = world.claim("train")
+    prepared = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(prepared, PreparedClaim), prepared
+    assert sorted(meeting.started) == ["cdi", "config", "journal", "record"]
+    assert world.open_journal_entries() == []
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    world.assert_clean()
+    await daemon.stop()
+
+
+async def test_a_reenrollment_killed_before_its_client_id_is_journaled_is_enrolled_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committed claim whose ``config.json`` is gone is enrolled again; the daemon dies
+    once the new client's ``config.json`` is written but before its ID is journaled. The
+    start-up rollback revokes the attempt (its token ID is journaled) and removes that
+    ``config.json``, though the journal never named its client, so the claim is enrolled
+    anew rather than left with a config of a revoked client."""
+    daemon = await world.start()
+    ref = world.claim("train")
+    first = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(first, PreparedClaim), first
+    config_json = daemon.config.claim_layout.config_json(ref.uid)
+    config_json.unlink()
+
+    journal = daemon.preparer.d.journal
+    never = asyncio.Event()
+
+    async def hang(entry_id: str, client_id: str) -> None:
+        await never.wait()
+
+    monkeypatch.setattr(journal, "record_client_id", hang)
+    again = asyncio.ensure_future(daemon.prepare(ref))
+    for _ in range(500):
+        if config_json.is_file():
+            break
+        await asyncio.sleep(0.01)
+    assert config_json.is_file(), "the re-enrollment never wrote its config.json"
+    assert not again.done()
+    await daemon.kill()
+    stale = json.loads(config_json.read_text())["clientId"]
+    assert stale != first.client_id
+
+    daemon = await world.start()
+    assert stale not in world.live_clients()
+    assert world.leaks() == []
+    assert world.open_journal_entries() == []
+    current = world.checkpoint_claims()[ref.uid]["clientId"]
+    assert current not in (first.client_id, stale)
+    assert json.loads(config_json.read_text())["clientId"] == current
+    assert world.live_clients() == [current]
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    world.assert_clean()
+    await daemon.stop()
 
 
 async def test_the_config_the_record_and_the_cdi_spec_are_written_at_once(

@@ -1,7 +1,8 @@
-"""Unprepare's stages: the two revocations are made at once, the files and a VM's Secret
-are removed only after both, and the ``Client`` record (the claim's last trace outside
-the checkpoint) only after the files, once the kubelet has its answer; a failed step does
-not stop the rest of its stage, and the kubelet still gets its error."""
+"""Unprepare's stages: once the checkpoint entry is marked, the two revocations and the
+removal of the files and a VM's Secret are made at once, and the ``Client`` record (the
+claim's last trace outside the checkpoint) is removed only after all of them, once the
+kubelet has its answer; a failed step does not stop the rest of its stage, and the
+kubelet still gets its error."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.plugin.fakes import CrashAt, Crashed
+from tests.unit.plugin.fakes import CrashAt, Crashed, Meeting
 from tests.unit.plugin.lifecycle_node import NAMESPACE, Daemon, World
 from thunder_dra.api import ClaimReference
 from thunder_dra.plugin.kubelet import handler
@@ -56,7 +57,24 @@ async def test_the_token_and_the_client_are_revoked_at_once(
     await daemon.stop()
 
 
-async def test_a_crash_during_revocation_leaves_files_secret_and_record_for_start_up(
+async def test_the_revocations_and_the_file_removal_run_at_once(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    assert isinstance((await daemon.prepare(ref))[ref.uid], PreparedClaim)
+    meeting = Meeting(2)
+    thunder: ThunderClient = daemon.thunder
+    cdi = daemon.preparer.d.cdi
+    monkeypatch.setattr(thunder, "unenroll", meeting.wrap("unenroll", thunder.unenroll))
+    monkeypatch.setattr(cdi, "remove", meeting.wrap("cdi", cdi.remove))
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    assert sorted(meeting.started) == ["cdi", "unenroll"]
+    world.assert_clean()
+    await daemon.stop()
+
+
+async def test_a_crash_after_revocation_leaves_the_record_and_the_marked_entry_for_start_up(
     world: World,
 ) -> None:
     ref = world.claim("train", vm=True)
@@ -66,8 +84,7 @@ async def test_a_crash_during_revocation_leaves_files_secret_and_record_for_star
         await daemon.unprepare(ref)
     await daemon.kill()
     assert world.live_tokens() == []
-    assert len(world.secrets()) == 1  # the files' stage never started
-    assert len(world.client_records()) == 1
+    assert len(world.client_records()) == 1  # the record's stage never started
     assert world.checkpoint_claims()[ref.uid]["state"] == ClaimState.UNPREPARING.value
     daemon = await world.start()
     world.assert_clean()

@@ -8,11 +8,11 @@ The order (docs/daemon.md#preparing-a-claim), every step safe to crash after:
 2. for pods, make sure the verified ``libthunder.so`` is in the node cache *before*
    minting, so a bad download never costs an enrollment;
 3. journal the mint, mint a client token (thunder-api.md 2.6), record its ID;
-4. pods: exchange it (thunder-api.md 2.9, hostname = the pod's name), record the client
-   ID; VMs: write the ``<claim>-thunder-setup`` Secret instead;
+4. pods: exchange it (thunder-api.md 2.9, hostname = the pod's name); VMs: write the
+   ``<claim>-thunder-setup`` Secret instead;
 5. record the ``Client`` (finalizer, provenance, spec with the token and client IDs);
-   for pods, the claim's ``config.json`` and its CDI spec are written at the same time
-   (none of the three depends on another);
+   for pods, the client ID's journal line, the claim's ``config.json`` and its CDI spec
+   are written at the same time (none of the four depends on another);
 6. commit the checkpoint, close the journal entry, answer;
 7. after the answer, set the ``Client`` status to ``Enrolled``
    (:meth:`thunder_dra.plugin.kubelet.handler.ClaimService`): a record still ``Pending``
@@ -278,6 +278,9 @@ class Preparer:
         key = d.scrubber.add(minted.enrollment_token)
         client_id: str | None = None
         try:
+            # The token ID is on disk before the exchange makes a client of the token: a
+            # crash before that write leaves an entry without a token ID, which nothing
+            # can revoke, so no client may exist by then.
             await d.journal.record_token_id(entry.entry_id, token_id)
             d.crash.reached("prepare:token-recorded")
             if claim.is_vm:
@@ -296,7 +299,8 @@ class Preparer:
                 d.crash.reached("prepare:secret-written")
             else:
                 assert files is not None
-                client_id, config = await self._exchange(claim, entry, minted, attempt)
+                client_id, config = await self._exchange(claim, minted, attempt)
+                d.crash.reached("prepare:exchanged")
         finally:
             d.scrubber.remove(key)
         enrolled = claim.model_copy(
@@ -311,9 +315,17 @@ class Preparer:
             await d.records.write_client(enrolled)
             d.crash.reached("prepare:client-recorded")
         else:
-            # With the client ID journaled, the files and the record depend on nothing but
-            # it: written at once, all done before the checkpoint commits the claim.
+            assert client_id is not None
+            # With the token ID journaled, the client ID's journal line, the files and the
+            # record depend on nothing but the exchange's answer: written at once, all
+            # done before the checkpoint commits the claim. A rollback removes a
+            # config.json that names another client than the committed one, journaled
+            # or not (:meth:`Undo.roll_back`).
             await d.crash.together(
+                (
+                    d.journal.record_client_id(entry.entry_id, client_id),
+                    "prepare:client-id-recorded",
+                ),
                 (write_client_config(files.directory, config), "prepare:config-written"),
                 (d.records.write_client(enrolled), "prepare:client-recorded"),
                 (
@@ -332,9 +344,10 @@ class Preparer:
         return prepared
 
     async def _exchange(
-        self, claim: PreparedClaim, entry: JournalEntry, minted: MintedToken, attempt: Attempt
+        self, claim: PreparedClaim, minted: MintedToken, attempt: Attempt
     ) -> tuple[str, ClientConfig]:
-        """Exchange the token and journal the client ID; the client's ``config.json``."""
+        """Exchange the token (its client ID kept in ``attempt``); the client's ID and
+        ``config.json``."""
         d = self.d
         try:
             exchange = await d.thunder.exchange(minted.enrollment_token, claim.hostname)
@@ -342,10 +355,7 @@ class Preparer:
             raise ClaimError(
                 f"Thunder exchange failed: {err}", ErrorReason.THUNDER_EXCHANGE
             ) from None
-        d.crash.reached("prepare:exchanged")
         client_id = attempt.client_id = exchange.claims.client_id
-        await d.journal.record_client_id(entry.entry_id, client_id)
-        d.crash.reached("prepare:client-id-recorded")
         config = client_config_from_exchange(
             exchange, central_api_url=d.config.api_url, telemetry_collector=d.config.telemetry_url
         )

@@ -13,7 +13,8 @@ daemon instance's journal):
   and reported, once, as an unrevocable mint; the code keeps that window to one write;
 - otherwise the token and the client are revoked (thunder-api.md 2.7, 2.8), and what the
   attempt may have made is removed: the claim's files when no other attempt committed the
-  claim, ``config.json`` when it holds the attempt's client, the ``Client`` record and the
+  claim, ``config.json`` when it holds another client than the committed claim's (the
+  attempt's, whether or not its ID reached the journal), the ``Client`` record and the
   VM Secret when they name the attempt's token. Then the entry is closed.
 
 A Thunder failure leaves the entry open for the next sweep.
@@ -157,11 +158,13 @@ class Undo:
 
     async def _remove_attempt(self, entry: JournalEntry, token_id: str) -> None:
         uid = entry.claim_uid or ""
-        if uid not in self.checkpoint.durable.claims:
+        committed = self.checkpoint.durable.claims.get(uid)
+        if committed is None:
             await self.remove_claim_files(uid)
-        elif entry.client_id and await self._config_client_id(uid) == entry.client_id:
-            # A re-enrollment of a committed claim wrote this revoked client's config:
-            # remove it, so the next prepare of the claim enrolls it again.
+        elif await self._config_client_id(uid) not in (None, committed.client_id):
+            # A re-enrollment of a committed claim wrote a config of its own (this revoked
+            # client's, its ID journaled or not yet): remove it, so the next prepare of
+            # the claim enrolls it again.
             await remove_claim_dir(self.layout.directory(uid))
         if entry.claim_namespace:
             await self.records.delete_client(entry.claim_namespace, uid, only_token_id=token_id)

@@ -1,25 +1,27 @@
 """Unpreparing one claim: revoke, then remove everything prepare made; missing is not an error.
 
 The checkpoint entry is first marked ``unpreparing`` (so a prepare that races a crashed
-unprepare knows the files and the enrollment are no longer to be trusted), then, in three
+unprepare knows the files and the enrollment are no longer to be trusted), then, in two
 stages whose steps are independent and run at once:
 
-1. unenroll the token and decommission the client (thunder-api.md 2.7, 2.8);
-2. delete the CDI spec, the claim's directory and a VM's Secret;
-3. delete the ``Client`` record, the last trace of the claim outside the checkpoint (a
+1. unenroll the token and decommission the client (thunder-api.md 2.7, 2.8), and delete
+   the CDI spec, the claim's directory and a VM's Secret;
+2. delete the ``Client`` record, the last trace of the claim outside the checkpoint (a
    lost checkpoint is rebuilt from the records), and drop the entry last.
 
 A stage starts only when the one before it completed; a failed step fails the claim
-after its stage's other steps ran, and leaves the entry marked for the retry.
+after its stage's other steps ran (so a file that cannot be removed never keeps the
+enrollment from being revoked), and leaves the entry marked for the retry.
 Every step is idempotent, so a crash anywhere is finished by the kubelet's next call or
 by the daemon's start-up.
 
-The kubelet's answer waits for stages 1 and 2 (:meth:`Unpreparer.release`): an unprepare
-that answers success has revoked the enrollment and removed every file and the Secret,
-and one that fails says which step failed. Stage 3 (:meth:`Unpreparer.forget`) follows
-the answer (:class:`thunder_dra.plugin.kubelet.handler.ClaimService`): by then the record
-names an enrollment that is revoked, so it holds nothing left to revoke, and the entry,
-still marked, has every later call of the claim, the sweep and the start-up finish it.
+The kubelet's answer waits for the mark and stage 1 (:meth:`Unpreparer.release`): an
+unprepare that answers success has revoked the enrollment and removed every file and the
+Secret, and one that fails says which step failed. Stage 2 (:meth:`Unpreparer.forget`)
+follows the answer (:class:`thunder_dra.plugin.kubelet.handler.ClaimService`): by then the
+record names an enrollment that is revoked, so it holds nothing left to revoke, and the
+entry, still marked, has every later call of the claim, the sweep and the start-up
+finish it.
 
 A claim this daemon has no checkpoint entry for (a previous instance's state was lost,
 say) is still cleaned when a ``Client`` record on this node names it.
@@ -69,26 +71,19 @@ class Unpreparer:
         return await self.release(prepared)
 
     async def finish(self, prepared: PreparedClaim) -> None:
-        """Complete the unprepare of a checkpointed claim, all three stages (start-up, the
+        """Complete the unprepare of a checkpointed claim, both stages (start-up, the
         sweep, a prepare that finds the claim's unprepare unfinished)."""
         await self.forget(await self.release(prepared))
 
     async def release(self, prepared: PreparedClaim) -> PreparedClaim:
-        """Mark the entry, then stages 1 and 2; returns the marked entry."""
+        """Mark the entry, then stage 1; returns the marked entry."""
         if prepared.state is not ClaimState.UNPREPARING:
             prepared = prepared.model_copy(update={"state": ClaimState.UNPREPARING})
             await self._checkpoint.put(prepared)
             self._crash.reached("unprepare:marked")
-        try:
-            await self._crash.together(
-                (self._unenroll(prepared.enrollment_token_id), "unprepare:token-revoked"),
-                (self._revoke_client(prepared.client_id), "unprepare:client-revoked"),
-            )
-        except ThunderError as err:
-            raise ClaimError(
-                f"Thunder revocation failed: {err}", ErrorReason.THUNDER_REVOKE
-            ) from None
-        files: list[Step] = [
+        steps: list[Step] = [
+            (self._unenroll(prepared.enrollment_token_id), "unprepare:token-revoked"),
+            (self._revoke_client(prepared.client_id), "unprepare:client-revoked"),
             (self._undo.cdi.remove(prepared.uid), "unprepare:cdi-removed"),
             (
                 remove_claim_dir(self._undo.layout.directory(prepared.uid)),
@@ -99,12 +94,18 @@ class Unpreparer:
             secret = self._records.delete_guest_secret(
                 prepared.namespace, prepared.name, prepared.uid
             )
-            files.append((secret, "unprepare:secret-removed"))
-        await self._crash.together(*files)
+            steps.append((secret, "unprepare:secret-removed"))
+        try:
+            await self._crash.together(*steps)
+        except ThunderError as err:
+            # The revocations come first among the steps, so their error is the one raised.
+            raise ClaimError(
+                f"Thunder revocation failed: {err}", ErrorReason.THUNDER_REVOKE
+            ) from None
         return prepared
 
     async def forget(self, prepared: PreparedClaim) -> None:
-        """Stage 3 of a released claim (:meth:`release`): its record, then its entry."""
+        """Stage 2 of a released claim (:meth:`release`): its record, then its entry."""
         await self._records.delete_client(prepared.namespace, prepared.uid)
         self._crash.reached("unprepare:client-removed")
         await self._checkpoint.drop(prepared.uid)
