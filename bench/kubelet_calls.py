@@ -1,9 +1,9 @@
 """Benchmark of what the kubelet waits on: its DRA manager's prepare and unprepare calls to
 the node daemon, side by side with the same calls to a minimal Go plugin (the floor).
 
-    python -m bench.kubelet_calls [--claims 100] [--in-flight 20] [--baseline REF]
-                                  [--thunder-latency-ms N] [--run-ms N] [--write-docs]
-                                  [--note TEXT]
+    python -m bench.kubelet_calls [--claims 100] [--in-flight 20] [--rounds 3]
+                                  [--baseline REF] [--thunder-latency-ms N] [--run-ms N]
+                                  [--write-docs] [--note TEXT]
 
 Set-up (all local, nothing timed) is the daemon benchmark's (bench.daemon_prepare): a local
 control plane, the fake Thunder service, one simulated client-only node with its pool's
@@ -17,10 +17,13 @@ the pinned Kubernetes, with ``pkg/kubelet/pluginmanager`` registering the plugin
 ``plugins_registry`` directory), timing ``PrepareResources`` and ``UnprepareResources`` for
 each pod, one pod at a time and then ``--in-flight`` at once. The two Go programs are built
 from hack/tools/kubeletbench by hack/build-kubeletbench.sh. The cases alternate between the
-two plugins in one run; each reports latency percentiles, claims per second, the kubelet's
-own gRPC metric and the CPU time per claim of the plugin, the API server and the kubelet's
-DRA code (/proc/<pid>/stat). ``--write-docs`` replaces the "Kubelet calls" section of
-docs/benchmarks.md.
+two plugins in one run, in ``--rounds`` rounds per number in flight: every plugin runs
+every claim once a round, the plugins' order turning by one from round to round, so a
+drift of the shared machine's speed over the run weighs on every plugin alike. Each case
+pools its rounds and reports latency percentiles (and each round's p50), claims per
+second, the kubelet's own gRPC metric and the CPU time per claim of the plugin, the API
+server and the kubelet's DRA code (/proc/<pid>/stat). ``--write-docs`` replaces the
+"Kubelet calls" section of docs/benchmarks.md.
 
 ``--thunder-latency-ms N`` makes the fake Thunder service answer every API request N ms
 late (one latency fault on ``/api/v1/*``), as a Thunder service across a network would;
@@ -72,7 +75,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client, config
 
@@ -87,7 +90,7 @@ from bench.kubelet_report import (
     Baseline,
     Case,
     Machine,
-    parse_case,
+    parse_rounds,
     render,
     write_docs,
 )
@@ -95,6 +98,8 @@ from hack import supervise
 from hack.tied import start_tied
 from thunder_dra.kube.binding import ENROLLED, ENROLLMENT_FAILED
 from thunder_dra.kube.resources import CLIENTS
+
+_T = TypeVar("_T")
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "hack" / "build-kubeletbench.sh"
@@ -434,6 +439,14 @@ def load_sampler(every: float = 5.0) -> Iterator[list[float]]:
         samples.append(os.getloadavg()[0])
 
 
+def turned(items: Sequence[_T], turn: int) -> list[_T]:
+    """``items`` in the order of round ``turn`` (from 0): turned left by one a round."""
+    if not items:
+        return []
+    shift = turn % len(items)
+    return [*items[shift:], *items[:shift]]
+
+
 def run_cases(
     env: Environment,
     bin_dir: Path,
@@ -441,10 +454,13 @@ def run_cases(
     in_flights: Sequence[int],
     baseline: Baseline | None,
     run_ms: int = 0,
+    rounds: int = 1,
 ) -> list[Case]:
-    """Every case, in order: before (with a baseline), ours and floor for each number in
-    flight, then, for each, before (when its daemon has ``--enroll-before-binding``) and
-    ours enrolled before binding."""
+    """Every case: before (with a baseline), ours and floor for each number in flight,
+    then, for each, before (when its daemon has ``--enroll-before-binding``) and ours
+    enrolled before binding. Each number in flight runs in ``rounds`` rounds, every plugin
+    once a round over every claim, the plugins' order turning by one from round to round;
+    a case pools its rounds."""
     assert env.cluster is not None
     assert env.fake is not None
     clock_ticks = os.sysconf("SC_CLK_TCK")
@@ -479,16 +495,26 @@ def run_cases(
         plugins[FLOOR] = (floor.registry, floor.process.pid)
         pods = pods_file(env.claims, env.root / "pods.json")
         for in_flight in in_flights:
-            for plugin, (registry, pid) in plugins.items():
-                name = f"{plugin}-{in_flight}"
-                raw = drive(drabench, env, registry, pid, pods, in_flight, name, run_ms=run_ms)
-                watched = {"plugin": pid, "kube-apiserver": env.cluster.pids["kube-apiserver"]}
-                ticks = {label: cpu_ticks(p) for label, p in watched.items()}
-                leftovers.wait_none(name)
-                for label, p in watched.items():
-                    raw["cpu_ticks"][label] += cpu_ticks(p) - ticks[label]
-                cases.append(parse_case(plugin, raw, clock_ticks))
-                print(f"{plugin}, {in_flight} in flight: done", file=sys.stderr)
+            runs: dict[str, list[dict[str, Any]]] = {plugin: [] for plugin in plugins}
+            for turn in range(rounds):
+                for plugin in turned(list(plugins), turn):
+                    registry, pid = plugins[plugin]
+                    name = f"{plugin}-{in_flight}-{turn + 1}"
+                    raw = drive(drabench, env, registry, pid, pods, in_flight, name, run_ms=run_ms)
+                    watched = {
+                        "plugin": pid,
+                        "kube-apiserver": env.cluster.pids["kube-apiserver"],
+                    }
+                    ticks = {label: cpu_ticks(p) for label, p in watched.items()}
+                    leftovers.wait_none(name)
+                    for label, p in watched.items():
+                        raw["cpu_ticks"][label] += cpu_ticks(p) - ticks[label]
+                    runs[plugin].append(raw)
+                    print(
+                        f"{plugin}, {in_flight} in flight, round {turn + 1}: done",
+                        file=sys.stderr,
+                    )
+            cases += [parse_rounds(plugin, runs[plugin], clock_ticks) for plugin in plugins]
 
         for daemon in list(env.daemons):
             env.stop_daemon(daemon)
@@ -496,7 +522,9 @@ def run_cases(
         timed = pods_file(binding.claims[WARMUP:], env.root / "bind-pods.json")
         first = True
         for in_flight in in_flights:
-            for plugin, root, source in binders:
+            bound: dict[str, list[dict[str, Any]]] = {plugin: [] for plugin, _, _ in binders}
+            in_turns = [(t, b) for t in range(rounds) for b in turned(binders, t)]
+            for turn, (plugin, root, source) in in_turns:
                 if not first:
                     binding.reserve_again()
                 first = False
@@ -506,7 +534,8 @@ def run_cases(
                 )
                 binding.wait_enrolled(root / "daemon.log")
                 writes_before = len(env.fake.admin.writes())
-                name = f"{'before' if plugin == BEFORE_BINDING else 'ours'}-binding-{in_flight}"
+                who = "before" if plugin == BEFORE_BINDING else "ours"
+                name = f"{who}-binding-{in_flight}-{turn + 1}"
                 raw = drive(
                     drabench,
                     env,
@@ -531,11 +560,12 @@ def run_cases(
                         "would include enrollments, not only the checks of claims enrolled "
                         "before binding"
                     )
-                cases.append(parse_case(plugin, raw, clock_ticks))
+                bound[plugin].append(raw)
                 # Before the daemon stops: its status writer removes the entries.
                 binding.wait_unprepared()
                 env.stop_daemon(daemon)
-                print(f"{plugin}, {in_flight} in flight: done", file=sys.stderr)
+                print(f"{plugin}, {in_flight} in flight, round {turn + 1}: done", file=sys.stderr)
+            cases += [parse_rounds(plugin, bound[plugin], clock_ticks) for plugin, _, _ in binders]
     finally:
         binding.close()
         leftovers.close()
@@ -565,6 +595,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="each pod runs this long between its prepare and its unprepare (own section)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds per number in flight, every plugin once a round, the order turning",
+    )
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument(
         "--note", default="", help="a paragraph for the section, e.g. what else ran meanwhile"
@@ -574,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--thunder-latency-ms must be within 0-10000")
     if not 0 <= args.run_ms <= 60_000:
         parser.error("--run-ms must be within 0-60000")
+    if not 1 <= args.rounds <= 20:
+        parser.error("--rounds must be within 1-20")
     baseline = resolve_baseline(args.baseline) if args.baseline else None
     bin_dir = build()
     started = datetime.now(UTC)
@@ -587,9 +625,11 @@ def main(argv: list[str] | None = None) -> int:
             assert env.fake is not None
             env.fake.admin.add_fault("/api/v1/*", method="*", latency_ms=args.thunder_latency_ms)
         in_flights = sorted({1, args.in_flight})
-        cases = run_cases(env, bin_dir, Path(workdir), in_flights, baseline, args.run_ms)
+        cases = run_cases(
+            env, bin_dir, Path(workdir), in_flights, baseline, args.run_ms, args.rounds
+        )
     machine = Machine.describe(started, sum(load) / len(load))
-    command = command_line("bench.kubelet_calls", args, ["claims", "in_flight"])
+    command = command_line("bench.kubelet_calls", args, ["claims", "in_flight", "rounds"])
     if baseline is not None:
         command += f" --baseline {baseline.commit}"
     if args.thunder_latency_ms:

@@ -7,6 +7,7 @@ the arithmetic and the text can be tested without a cluster."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import statistics
@@ -52,6 +53,8 @@ class Case:
     """CPU time per prepare + unprepare of one claim: "plugin", "kube-apiserver", "kubelet"."""
     grpc_ms: dict[str, float]
     """The kubelet's gRPC metric: mean milliseconds per call, by method."""
+    round_p50_ms: tuple[tuple[float, float], ...] = ()
+    """For a case run in rounds: each round's prepare and unprepare p50, in ms."""
 
     @property
     def calls(self) -> int:
@@ -84,6 +87,44 @@ def parse_case(plugin: str, raw: dict[str, Any], clock_ticks: int) -> Case:
         cpu_ms=cpu,
         grpc_ms=grpc,
     )
+
+
+def merge_runs(raws: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """drabench's results of one case run in rounds, as one result: the calls of every
+    round, their wall time, CPU ticks and gRPC totals added up."""
+    if not raws:
+        raise ValueError("no drabench result to merge")
+    if len({raw["in_flight"] for raw in raws}) != 1:
+        raise ValueError("drabench results of different numbers in flight")
+    methods = sorted({m for raw in raws for m in raw["grpc"]})
+    labels = sorted({label for raw in raws for label in raw["cpu_ticks"]})
+    return {
+        "in_flight": raws[0]["in_flight"],
+        "prepare_s": [x for raw in raws for x in raw["prepare_s"]],
+        "unprepare_s": [x for raw in raws for x in raw["unprepare_s"]],
+        "wall_s": sum(raw["wall_s"] for raw in raws),
+        "cpu_ticks": {
+            label: sum(raw["cpu_ticks"].get(label, 0) for raw in raws) for label in labels
+        },
+        "grpc": {
+            m: {
+                "count": sum(raw["grpc"].get(m, {}).get("count", 0) for raw in raws),
+                "sum_s": sum(raw["grpc"].get(m, {}).get("sum_s", 0.0) for raw in raws),
+            }
+            for m in methods
+        },
+    }
+
+
+def parse_rounds(plugin: str, raws: Sequence[dict[str, Any]], clock_ticks: int) -> Case:
+    """A Case from the drabench results of its rounds: the figures of all rounds together,
+    and each round's p50s."""
+    case = parse_case(plugin, merge_runs(raws), clock_ticks)
+    per_round = tuple(
+        (Series("", raw["prepare_s"]).pct(0.5), Series("", raw["unprepare_s"]).pct(0.5))
+        for raw in raws
+    )
+    return dataclasses.replace(case, round_p50_ms=per_round)
 
 
 @dataclass(frozen=True)
@@ -257,6 +298,16 @@ def render(
         per_case("kube-apiserver CPU per claim, ms", lambda c: f"{c.cpu_ms['kube-apiserver']:.1f}"),
         per_case("kubelet DRA code CPU per claim, ms", lambda c: f"{c.cpu_ms['kubelet']:.1f}"),
     ]
+    rounds = max(len(c.round_p50_ms) for c in cases)
+    if rounds > 1:
+
+        def by_round(index: int) -> Any:
+            return lambda c: " / ".join(f"{p50[index]:.1f}" for p50 in c.round_p50_ms)
+
+        per_claim += [
+            per_case("prepare p50 of each round, ms", by_round(0)),
+            per_case("unprepare p50 of each round, ms", by_round(1)),
+        ]
     one, many = in_flights[0], in_flights[-1]
 
     def p50_ratio(plugin: str, call: str, n: int) -> float:
@@ -329,11 +380,13 @@ def render(
     if binding_flights:
         calls = _case(cases, OURS_BINDING, binding_flights[0]).calls
         flights = " and then ".join(str(n) for n in binding_flights)
+        in_rounds = f" ({rounds} rounds each, the order turning)" if rounds > 1 else ""
         runs = (
             f'"{BEFORE_BINDING}" and "{OURS_BINDING}", run last, alternating, with {flights} '
-            "in flight, are before and ours, each alone and restarted with"
+            f"in flight{in_rounds}, are before and ours, each alone and restarted with"
             if BEFORE_BINDING in binding_plugins
-            else f'"{OURS_BINDING}", run last with {flights} in flight, is ours restarted with'
+            else f'"{OURS_BINDING}", run last with {flights} in flight{in_rounds}, is ours '
+            "restarted with"
         )
         binding_text = [
             "",
@@ -348,6 +401,22 @@ def render(
             "the floor's prepare with the same number in flight.",
         ]
     plugins = "the plugins" if baseline else "both plugins"
+    if rounds > 1:
+        names = ", ".join(dict.fromkeys(c.plugin for c in cases if c.plugin not in BINDING_PLUGINS))
+        flights_in_turn = " and then ".join(str(n) for n in in_flights)
+        order = (
+            f"with {flights_in_turn} in flight, {rounds} rounds each, in which every plugin "
+            "runs every claim once, the plugins' order turning by one from round to round "
+            f"(first round: {names}); a case's figures pool its {rounds} rounds, and the "
+            "per-case table gives each round's p50 as well, so a difference that holds in "
+            "every round can be told from the machine's drift"
+        )
+    else:
+        order = ", ".join(
+            f"{c.plugin} with {c.in_flight} in flight"
+            for c in cases
+            if c.plugin not in BINDING_PLUGINS
+        )
     distant = (
         [
             "",
@@ -404,11 +473,7 @@ def render(
             + ("All three plugins run" if baseline else "Both plugins run")
             + " on the same simulated node "
             "against the same claims, in one run, alternating: "
-            + ", ".join(
-                f"{c.plugin} with {c.in_flight} in flight"
-                for c in cases
-                if c.plugin not in BINDING_PLUGINS
-            )
+            + order
             + f'. "{many} in flight": {many} pods at once, each prepared and then '
             "unprepared before the next is taken. A case starts once the daemon of the "
             "case before has finished what it does after its answers (no claim status "

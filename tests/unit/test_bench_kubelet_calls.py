@@ -2,8 +2,9 @@
 from drabench's JSON become the right percentiles, ratios, CPU per claim and verdicts, and
 the section lands after the daemon's, replacing itself on the next run. With a baseline
 the earlier commit's daemon ("before") stands beside ours; the enrollment-before-binding
-cases get their row and their verdict against the target; the bench recognises a claim
-whose binding fields the API server dropped and one the daemon has enrolled."""
+cases get their row and their verdict against the target; a run in rounds pools each
+case's rounds and shows each round's p50; the bench recognises a claim whose binding
+fields the API server dropped and one the daemon has enrolled."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from bench.docsection import INTRO
-from bench.kubelet_calls import binding_allocation, dropped_binding_fields, enrollment
+from bench.kubelet_calls import binding_allocation, dropped_binding_fields, enrollment, turned
 from bench.kubelet_report import (
     BEFORE,
     BEFORE_BINDING,
@@ -26,7 +27,9 @@ from bench.kubelet_report import (
     Machine,
     against,
     kubernetes_version,
+    merge_runs,
     parse_case,
+    parse_rounds,
     render,
     write_docs,
 )
@@ -358,3 +361,66 @@ def test_a_claim_is_enrolled_once_its_entry_says_enrolled() -> None:
     assert enrollment(_entry(("Ready", "True"))) is None
     assert enrollment(_entry(("Ready", "True"), (ENROLLED, "True"))) == ""
     assert enrollment(_entry(("Ready", "False"), (ENROLLMENT_FAILED, "True"))) == "R: M"
+
+
+def test_rounds_pool_their_calls_cpu_and_grpc_totals_and_keep_each_rounds_p50() -> None:
+    first, second = _raw(1, 40.0, 10.0, calls=50), _raw(1, 60.0, 30.0, calls=50)
+    second["cpu_ticks"] = {"plugin": 100, "kube-apiserver": 100, "drabench": 50}
+    merged = merge_runs([first, second])
+    assert len(merged["prepare_s"]) == 100
+    assert merged["wall_s"] == first["wall_s"] + second["wall_s"]
+    assert merged["cpu_ticks"] == {"plugin": 400, "kube-apiserver": 300, "drabench": 100}
+    assert merged["grpc"]["NodePrepareResources"] == {
+        "count": 100,
+        "sum_s": 50 * 40.0 / 2000 + 50 * 60.0 / 2000,
+    }
+    case = parse_rounds(OURS, [first, second], clock_ticks=100)
+    assert case.calls == 100
+    assert case.round_p50_ms == ((40.0, 10.0), (60.0, 30.0))
+    # 400 ticks at 100 per second over the 100 claims of both rounds.
+    assert case.cpu_ms["plugin"] == 40.0
+    assert case.grpc_ms["NodePrepareResources"] == 25.0
+    with pytest.raises(ValueError, match="numbers in flight"):
+        merge_runs([first, _raw(20, 40.0, 10.0)])
+    with pytest.raises(ValueError, match="no drabench result"):
+        merge_runs([])
+
+
+def test_each_round_turns_the_order_by_one() -> None:
+    plugins = [BEFORE, OURS, FLOOR]
+    assert [turned(plugins, turn) for turn in range(4)] == [
+        [BEFORE, OURS, FLOOR],
+        [OURS, FLOOR, BEFORE],
+        [FLOOR, BEFORE, OURS],
+        [BEFORE, OURS, FLOOR],
+    ]
+    assert turned([], 3) == []
+
+
+def test_a_run_in_rounds_says_so_and_gives_each_rounds_p50() -> None:
+    def rounds(plugin: str, in_flight: int, ms: tuple[float, float, float]) -> Case:
+        runs = [_raw(in_flight, p, p / 2, calls=30) for p in ms]
+        return parse_rounds(plugin, runs, clock_ticks=100)
+
+    cases = [
+        rounds(BEFORE, 1, (44.0, 46.0, 45.0)),
+        rounds(OURS, 1, (40.0, 41.0, 39.0)),
+        rounds(FLOOR, 1, (10.0, 11.0, 10.0)),
+        rounds(BEFORE, 20, (500.0, 520.0, 510.0)),
+        rounds(OURS, 20, (480.0, 490.0, 470.0)),
+        rounds(FLOOR, 20, (60.0, 70.0, 65.0)),
+    ]
+    section = render(cases, MACHINE, "cmd", baseline=BASELINE)
+    assert "with 1 and then 20 in flight, 3 rounds each" in section
+    assert "(first round: before, ours, floor)" in section
+    assert (
+        "| prepare p50 of each round, ms | 44.0 / 46.0 / 45.0 | 40.0 / 41.0 / 39.0 "
+        "| 10.0 / 11.0 / 10.0 | 500.0 / 520.0 / 510.0 | 480.0 / 490.0 / 470.0 "
+        "| 60.0 / 70.0 / 65.0 |"
+    ) in section
+    assert "| unprepare p50 of each round, ms | 22.0 / 23.0 / 22.5 |" in section
+    # One round's worth of calls per plugin is not what a single run says.
+    assert "| prepare | 1 | 90 / 90 / 90 |" in section
+    single = render(_with_before(), MACHINE, "cmd", baseline=BASELINE)
+    assert "of each round" not in single
+    assert "alternating: before with 1 in flight, ours with 1 in flight" in single
