@@ -31,30 +31,6 @@ def _parts(daemon: Daemon) -> tuple[Any, Any]:
     return deps.records, deps.cdi
 
 
-async def test_the_client_id_is_journaled_while_the_files_and_the_record_are_written(
-    world: World, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    daemon = await world.start()
-    journal = daemon.preparer.d.journal
-    records, cdi = _parts(daemon)
-    meeting = Meeting(4)
-    monkeypatch.setattr(
-        journal, "record_client_id", meeting.wrap("journal", journal.record_client_id)
-    )
-    config = meeting.wrap("config", clientconfig.write_client_config)
-    monkeypatch.setattr(prepare_module, "write_client_config", config)
-    monkeypatch.setattr(records, "write_client", meeting.wrap("record", records.write_client))
-    monkeypatch.setattr(cdi, "write_claim", meeting.wrap("cdi", cdi.write_claim))
-    ref = world.claim("train")
-    prepared = (await daemon.prepare(ref))[ref.uid]
-    assert isinstance(prepared, PreparedClaim), prepared
-    assert sorted(meeting.started) == ["cdi", "config", "journal", "record"]
-    assert world.open_journal_entries() == []
-    assert await daemon.unprepare(ref) == {ref.uid: ""}
-    world.assert_clean()
-    await daemon.stop()
-
-
 async def test_a_reenrollment_killed_before_its_client_id_is_journaled_is_enrolled_again(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -101,12 +77,16 @@ async def test_a_reenrollment_killed_before_its_client_id_is_journaled_is_enroll
     await daemon.stop()
 
 
-async def test_the_config_the_record_and_the_cdi_spec_are_written_at_once(
+async def test_the_client_id_the_config_the_record_and_the_cdi_spec_are_written_at_once(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     daemon = await world.start()
     records, cdi = _parts(daemon)
-    meeting = Meeting(3)
+    journal = daemon.preparer.d.journal
+    meeting = Meeting(4)
+    monkeypatch.setattr(
+        journal, "record_client_id", meeting.wrap("journal", journal.record_client_id)
+    )
     config = meeting.wrap("config", clientconfig.write_client_config)
     monkeypatch.setattr(prepare_module, "write_client_config", config)
     monkeypatch.setattr(records, "write_client", meeting.wrap("record", records.write_client))
@@ -114,7 +94,8 @@ async def test_the_config_the_record_and_the_cdi_spec_are_written_at_once(
     ref = world.claim("train")
     prepared = (await daemon.prepare(ref))[ref.uid]
     assert isinstance(prepared, PreparedClaim), prepared
-    assert sorted(meeting.started) == ["cdi", "config", "record"]
+    assert sorted(meeting.started) == ["cdi", "config", "journal", "record"]
+    assert world.open_journal_entries() == []
     assert len(world.client_records()) == 1
     assert (daemon.config.claim_layout.config_json(ref.uid)).is_file()
     assert list(world.checkpoint_claims()) == [ref.uid]

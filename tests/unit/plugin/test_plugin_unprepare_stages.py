@@ -6,9 +6,7 @@ kubelet still gets its error."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -32,27 +30,12 @@ async def test_the_token_and_the_client_are_revoked_at_once(
     daemon = await world.start()
     ref = world.claim("train")
     assert isinstance((await daemon.prepare(ref))[ref.uid], PreparedClaim)
-    both_started = asyncio.Event()
-    started: list[str] = []
-
-    def meeting(
-        name: str, call: Callable[[str], Awaitable[object]]
-    ) -> Callable[[str], Awaitable[object]]:
-        async def wrapped(resource_id: str) -> object:
-            started.append(name)
-            if len(started) == 2:
-                both_started.set()
-            # Sequential calls would never get past this: the other one has not started.
-            await asyncio.wait_for(both_started.wait(), timeout=5)
-            return await call(resource_id)
-
-        return wrapped
-
+    meeting = Meeting(2)
     thunder: ThunderClient = daemon.thunder
-    monkeypatch.setattr(thunder, "unenroll", meeting("unenroll", thunder.unenroll))
-    monkeypatch.setattr(thunder, "revoke_client", meeting("revoke", thunder.revoke_client))
+    monkeypatch.setattr(thunder, "unenroll", meeting.wrap("unenroll", thunder.unenroll))
+    monkeypatch.setattr(thunder, "revoke_client", meeting.wrap("revoke", thunder.revoke_client))
     assert await daemon.unprepare(ref) == {ref.uid: ""}
-    assert sorted(started) == ["revoke", "unenroll"]
+    assert sorted(meeting.started) == ["revoke", "unenroll"]
     world.assert_clean()
     await daemon.stop()
 
