@@ -24,35 +24,20 @@ def world(tmp_path: Path) -> World:
     return World(tmp_path)
 
 
-async def test_the_token_and_the_client_are_revoked_at_once(
+async def test_the_two_revocations_and_the_file_removal_run_at_once(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     daemon = await world.start()
     ref = world.claim("train")
     assert isinstance((await daemon.prepare(ref))[ref.uid], PreparedClaim)
-    meeting = Meeting(2)
-    thunder: ThunderClient = daemon.thunder
-    monkeypatch.setattr(thunder, "unenroll", meeting.wrap("unenroll", thunder.unenroll))
-    monkeypatch.setattr(thunder, "revoke_client", meeting.wrap("revoke", thunder.revoke_client))
-    assert await daemon.unprepare(ref) == {ref.uid: ""}
-    assert sorted(meeting.started) == ["revoke", "unenroll"]
-    world.assert_clean()
-    await daemon.stop()
-
-
-async def test_the_revocations_and_the_file_removal_run_at_once(
-    world: World, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    daemon = await world.start()
-    ref = world.claim("train")
-    assert isinstance((await daemon.prepare(ref))[ref.uid], PreparedClaim)
-    meeting = Meeting(2)
+    meeting = Meeting(3)
     thunder: ThunderClient = daemon.thunder
     cdi = daemon.preparer.d.cdi
     monkeypatch.setattr(thunder, "unenroll", meeting.wrap("unenroll", thunder.unenroll))
+    monkeypatch.setattr(thunder, "revoke_client", meeting.wrap("revoke", thunder.revoke_client))
     monkeypatch.setattr(cdi, "remove", meeting.wrap("cdi", cdi.remove))
     assert await daemon.unprepare(ref) == {ref.uid: ""}
-    assert sorted(meeting.started) == ["cdi", "unenroll"]
+    assert sorted(meeting.started) == ["cdi", "revoke", "unenroll"]
     world.assert_clean()
     await daemon.stop()
 
