@@ -55,10 +55,11 @@ drabench times the kubelet's prepare (which finds the claim checkpointed and onl
 its files) and unprepare. drabench removes each pod from its claim's ``reservedFor``
 between the two calls, untimed, as the claim controller does when a pod ends; otherwise
 the daemon would enroll the unprepared claim again at once, in the middle of the timed
-calls. Before the run with ``--in-flight`` the claims are reserved again and the bench
-waits for their enrollment again. The bench stops with an error when the API server did
-not keep the binding fields (read back after the claims are created) and when the fake
-Thunder service saw an enrollment during the case's drabench run.
+calls. Before each later run (another round, another number in flight) the claims are
+reserved again and the bench waits for their enrollment again. The bench stops with an
+error when the API server did not keep the binding fields (read back after the claims are
+created) and when the fake Thunder service saw an enrollment during the case's drabench
+run.
 """
 
 from __future__ import annotations

@@ -378,7 +378,8 @@ def render(
     )
     binding_text: list[str] = []
     if binding_flights:
-        calls = _case(cases, OURS_BINDING, binding_flights[0]).calls
+        first = _case(cases, OURS_BINDING, binding_flights[0])
+        calls = first.calls // max(1, len(first.round_p50_ms))  # the claims of one round
         flights = " and then ".join(str(n) for n in binding_flights)
         in_rounds = f" ({rounds} rounds each, the order turning)" if rounds > 1 else ""
         runs = (

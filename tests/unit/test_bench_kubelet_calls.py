@@ -409,8 +409,13 @@ def test_a_run_in_rounds_says_so_and_gives_each_rounds_p50() -> None:
         rounds(BEFORE, 20, (500.0, 520.0, 510.0)),
         rounds(OURS, 20, (480.0, 490.0, 470.0)),
         rounds(FLOOR, 20, (60.0, 70.0, 65.0)),
+        rounds(OURS_BINDING, 1, (12.0, 13.0, 12.0)),
+        rounds(OURS_BINDING, 20, (150.0, 160.0, 140.0)),
     ]
     section = render(cases, MACHINE, "cmd", baseline=BASELINE)
+    # Each round prepares the same 30 claims again.
+    assert "with 1 and then 20 in flight (3 rounds each, the order turning)" in section
+    assert "against 30 claims of its own" in section
     assert "with 1 and then 20 in flight, 3 rounds each" in section
     assert "(first round: before, ours, floor)" in section
     assert (

@@ -1,4 +1,4 @@
-"""Unpreparing one claim: revoke, then remove everything prepare made; missing is not an error.
+"""Unpreparing one claim: revoke and remove everything prepare made; missing is not an error.
 
 The checkpoint entry is first marked ``unpreparing`` (so a prepare that races a crashed
 unprepare knows the files and the enrollment are no longer to be trusted), then, in two
