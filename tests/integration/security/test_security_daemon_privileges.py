@@ -224,29 +224,57 @@ def daemons(
 ) -> tuple[DaemonIdentity, DaemonIdentity]:
     folder = tmp_path_factory.mktemp("daemon-tokens")
     a, b = (daemon_identity(kube, cluster, install, n, folder) for n in nodes)
-    _wait_policies_enforced(a, install)
+    _wait_policies_enforced(kube, a, b, install)
     return a, b
 
 
-def _wait_policies_enforced(daemon: DaemonIdentity, install: Install) -> None:
-    """Policies reach the API server's admission a moment after they are created."""
+def _by_policy(err: ApiException) -> bool:
+    return err.status == 403 and "ValidatingAdmissionPolicy" in _status(err)[1]
+
+
+def _wait_policies_enforced(
+    kube: Kube, a: DaemonIdentity, b: DaemonIdentity, install: Install
+) -> None:
+    """Policies reach the API server's admission a moment after they are created, each
+    on its own: every policy the tests rely on is probed until it refuses."""
     name = f"probe-{uuid.uuid4().hex[:6]}"
     body: Any = {"metadata": {"name": name}, "data": {}}
 
-    def refused() -> bool:
+    def secrets_refused() -> bool:
         try:
-            daemon.core.create_namespaced_secret(install.workloads, body)
+            a.core.create_namespaced_secret(install.workloads, body)
         except ApiException as err:
-            return err.status == 403 and "ValidatingAdmissionPolicy" in _status(err)[1]
+            return _by_policy(err)
         try:
-            daemon.core.delete_namespaced_secret(name, install.workloads)
+            a.core.delete_namespaced_secret(name, install.workloads)
         except ApiException as err:
             # The policies came into force between the create and the delete, and now
             # refuse this delete of a Secret that is not a setup Secret.
-            return err.status == 403 and "ValidatingAdmissionPolicy" in _status(err)[1]
+            return _by_policy(err)
         return False
 
-    wait_for(refused, "the admission policies enforced", timeout=60)
+    def clients_refused() -> bool:
+        # A daemon writing another node's Client (daemon-clients), and anyone but the
+        # driver writing one (client-writers); one that got through is removed again.
+        attempts: list[tuple[Any, dict[str, Any]]] = [
+            (lambda body: _create_client(a, body), client_body(install.workloads, b.node)),
+            (kube.create, client_body(install.workloads, a.node)),
+        ]
+        for create, client in attempts:
+            try:
+                create(client)
+            except ApiException as err:
+                if _by_policy(err):
+                    continue
+                raise
+            kube.delete(
+                client["apiVersion"], "Client", client["metadata"]["name"], install.workloads
+            )
+            return False
+        return True
+
+    wait_for(secrets_refused, "the Secret admission policies enforced", timeout=60)
+    wait_for(clients_refused, "the Client admission policies enforced", timeout=60)
 
 
 def make_claim(kube: Kube, namespace: str, name: str) -> str:
