@@ -448,6 +448,12 @@ def turned(items: Sequence[_T], turn: int) -> list[_T]:
     return [*items[shift:], *items[:shift]]
 
 
+def in_turns(items: Sequence[_T], rounds: int) -> list[tuple[int, _T]]:
+    """Each of ``items`` once a round for ``rounds`` rounds, with its round (from 0), the
+    order of each round :func:`turned` by one."""
+    return [(turn, item) for turn in range(rounds) for item in turned(items, turn)]
+
+
 def run_cases(
     env: Environment,
     bin_dir: Path,
@@ -497,24 +503,17 @@ def run_cases(
         pods = pods_file(env.claims, env.root / "pods.json")
         for in_flight in in_flights:
             runs: dict[str, list[dict[str, Any]]] = {plugin: [] for plugin in plugins}
-            for turn in range(rounds):
-                for plugin in turned(list(plugins), turn):
-                    registry, pid = plugins[plugin]
-                    name = f"{plugin}-{in_flight}-{turn + 1}"
-                    raw = drive(drabench, env, registry, pid, pods, in_flight, name, run_ms=run_ms)
-                    watched = {
-                        "plugin": pid,
-                        "kube-apiserver": env.cluster.pids["kube-apiserver"],
-                    }
-                    ticks = {label: cpu_ticks(p) for label, p in watched.items()}
-                    leftovers.wait_none(name)
-                    for label, p in watched.items():
-                        raw["cpu_ticks"][label] += cpu_ticks(p) - ticks[label]
-                    runs[plugin].append(raw)
-                    print(
-                        f"{plugin}, {in_flight} in flight, round {turn + 1}: done",
-                        file=sys.stderr,
-                    )
+            for turn, plugin in in_turns(list(plugins), rounds):
+                registry, pid = plugins[plugin]
+                name = f"{plugin}-{in_flight}-{turn + 1}"
+                raw = drive(drabench, env, registry, pid, pods, in_flight, name, run_ms=run_ms)
+                watched = {"plugin": pid, "kube-apiserver": env.cluster.pids["kube-apiserver"]}
+                ticks = {label: cpu_ticks(p) for label, p in watched.items()}
+                leftovers.wait_none(name)
+                for label, p in watched.items():
+                    raw["cpu_ticks"][label] += cpu_ticks(p) - ticks[label]
+                runs[plugin].append(raw)
+                print(f"{plugin}, {in_flight} in flight, round {turn + 1}: done", file=sys.stderr)
             cases += [parse_rounds(plugin, runs[plugin], clock_ticks) for plugin in plugins]
 
         for daemon in list(env.daemons):
@@ -524,8 +523,7 @@ def run_cases(
         first = True
         for in_flight in in_flights:
             bound: dict[str, list[dict[str, Any]]] = {plugin: [] for plugin, _, _ in binders}
-            in_turns = [(t, b) for t in range(rounds) for b in turned(binders, t)]
-            for turn, (plugin, root, source) in in_turns:
+            for turn, (plugin, root, source) in in_turns(binders, rounds):
                 if not first:
                     binding.reserve_again()
                 first = False

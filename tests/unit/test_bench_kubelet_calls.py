@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 
 from bench.docsection import INTRO
-from bench.kubelet_calls import binding_allocation, dropped_binding_fields, enrollment, turned
+from bench.kubelet_calls import (
+    binding_allocation,
+    dropped_binding_fields,
+    enrollment,
+    in_turns,
+    turned,
+)
 from bench.kubelet_report import (
     BEFORE,
     BEFORE_BINDING,
@@ -395,6 +401,7 @@ def test_each_round_turns_the_order_by_one() -> None:
         [BEFORE, OURS, FLOOR],
     ]
     assert turned([], 3) == []
+    assert in_turns([OURS, FLOOR], 2) == [(0, OURS), (0, FLOOR), (1, FLOOR), (1, OURS)]
 
 
 def test_a_run_in_rounds_says_so_and_gives_each_rounds_p50() -> None:
