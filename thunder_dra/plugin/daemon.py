@@ -102,6 +102,8 @@ class Daemon:
             await stop.wait()
             log.info("stopping")
             await server.stop()
+            # Work deferred for a pause in the kubelet's calls goes ahead at once.
+            service.lull.open()
             await service.drain()
             await health.stop()
         finally:
@@ -135,6 +137,7 @@ class Daemon:
             tracer=tracer_provider.get_tracer("thunder_dra.plugin"),
             concurrency=cfg.claim_concurrency,
             status=status,
+            lull=status.lull,
         )
         enroller = await self._enroller(node, runner, thunder, own, claims)
         await self._recover(claims)

@@ -37,7 +37,7 @@ from thunder_dra.plugin.errors import ClaimError
 from thunder_dra.plugin.kubelet.handler import ClaimService
 from thunder_dra.plugin.metrics import DaemonMetrics, ErrorReason
 from thunder_dra.plugin.state.checkpoint import CheckpointStore, Consumer, PreparedClaim
-from thunder_dra.plugin.state.locks import KeyedLocks, NodeSerializeLock
+from thunder_dra.plugin.state.locks import CallLull, KeyedLocks, NodeSerializeLock
 from thunder_dra.process.logs import SecretScrubber
 
 pytestmark = pytest.mark.unit
@@ -294,6 +294,85 @@ async def test_the_newest_outcome_of_a_claim_replaces_one_not_yet_written() -> N
     assert len(api.applies) == 1
     assert api.claim is not None
     assert {d["conditions"][0]["status"] for d in api.claim["status"]["devices"]} == {"True"}
+
+
+def _deferring_writer(
+    api: FakeClaims, registry: CollectorRegistry, longest: float = 60.0
+) -> ClaimStatusWriter:
+    return ClaimStatusWriter(
+        api,
+        driver=DRIVER,
+        scrub=str,
+        registry=registry,
+        retry_base=0.001,
+        retry_cap=0.001,
+        lull=CallLull(lull=0.01, longest=longest),
+    )
+
+
+async def _until(condition: Any) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition never met")
+
+
+async def test_a_claim_unprepared_while_the_calls_go_on_costs_a_read_and_no_write() -> None:
+    """Outcomes wait while a kubelet call is in flight; the unprepare's replaces the
+    prepare's before either is written, and the claim, read once, already says it."""
+    api = FakeClaims(_claim())
+    registry = CollectorRegistry()
+    writer = _deferring_writer(api, registry)
+    async with writer.lull.call():
+        writer.prepared(_prepared(), api.claim)
+        await asyncio.sleep(0.05)
+        assert (api.gets, api.applies) == (0, [])
+        writer.unprepared(_prepared())
+    await asyncio.wait_for(writer.idle(), 10)
+    assert (api.gets, api.applies) == (1, [])
+    assert _count(registry, "unchanged") == 1
+
+
+async def test_under_calls_that_never_pause_an_outcome_is_written_all_the_same() -> None:
+    api = FakeClaims(_claim())
+    registry = CollectorRegistry()
+    writer = _deferring_writer(api, registry, longest=0.2)
+    async with writer.lull.call():
+        writer.prepared(_prepared(), api.claim)
+        await asyncio.wait_for(writer.idle(), 10)
+        assert len(api.applies) == 1
+
+
+@pytest.mark.parametrize("outcome", ["prepared", "failed"])
+async def test_the_outcome_of_a_prepare_before_binding_does_not_wait(outcome: str) -> None:
+    """The scheduler waits for it: written while calls are in flight, even when an outcome
+    of the claim was already waiting for a pause."""
+    api = FakeClaims(_claim())
+    registry = CollectorRegistry()
+    writer = _deferring_writer(api, registry)
+    async with writer.lull.call():
+        writer.unprepared(_prepared())
+        await asyncio.sleep(0.05)
+        assert api.gets == 0
+        if outcome == "prepared":
+            writer.prepared(_prepared(), api.claim, urgent=True)
+        else:
+            writer.failed(
+                _prepared(), "Thunder mint failed", ErrorReason.THUNDER_MINT, before_binding=True
+            )
+        await _until(lambda: api.applies)
+        assert writer.lull.calls == 1
+    await asyncio.wait_for(writer.idle(), 10)
+    assert len(api.applies) == 1
+    assert api.claim is not None
+    ready = {
+        c["status"]
+        for d in api.claim["status"]["devices"]
+        for c in d["conditions"]
+        if d["driver"] == DRIVER and c["type"] == "Ready"
+    }
+    assert ready == ({"True"} if outcome == "prepared" else {"False"})
 
 
 async def test_a_claim_gone_or_recreated_is_left_alone() -> None:

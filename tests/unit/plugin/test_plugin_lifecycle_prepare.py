@@ -4,6 +4,7 @@ fake Thunder service, and each prepare step's failure rolled back without a leak
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -334,14 +335,45 @@ async def test_an_unprepare_cancels_a_record_status_write_not_under_way(
         return [r for r in world.kube.calls("PATCH") if r.path.endswith("/status")]
 
     _prepared((await daemon.prepare(ref))[ref.uid])
-    for _ in range(50):  # until the first try has failed and the retry waits
+    for _ in range(500):  # until the first try (once the calls pause) failed
         if status_writes():
             break
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
     assert len(status_writes()) == 1
     assert await asyncio.wait_for(daemon.unprepare(ref), 30) == {ref.uid: ""}
     await asyncio.wait_for(daemon.service.drain(), 30)  # not an hour: the retry is gone
     assert len(status_writes()) == 1
+    world.assert_clean()
+
+
+async def test_a_pod_deleted_right_after_its_start_costs_no_record_status_write(
+    world: World,
+) -> None:
+    """The record's status write waits for a pause in the kubelet's calls: an unprepare
+    that follows the prepare's answer at once cancels it before it is sent, and the record
+    is removed without it."""
+    daemon = await world.start()
+    ref = world.claim("train")
+    _prepared((await daemon.prepare(ref))[ref.uid])
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    assert [r for r in world.kube.calls("PATCH") if re.search(STATUS_WRITE, r.path)] == []
+    world.assert_clean()
+
+
+async def test_under_calls_that_never_pause_the_record_status_is_written_all_the_same(
+    world: World,
+) -> None:
+    """Another call stays in flight the whole time: the record's status write goes ahead
+    once the lull's longest deferral has passed, not when the calls end."""
+    daemon = await world.start()
+    daemon.service.lull.longest = 0.2
+    ref = world.claim("train")
+    async with daemon.service.lull.call():
+        prepared = _prepared((await daemon.prepare(ref))[ref.uid])
+        await asyncio.wait_for(daemon.service.drain(), 30)
+        (record,) = world.client_records()
+        assert record["status"] == {"phase": "Enrolled", "clientId": prepared.client_id}
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
     world.assert_clean()
 
 

@@ -18,6 +18,12 @@ which writes it to the claim's ``status.devices`` after the answer, off the kube
 The ``Client`` record's own work is also done after the answer, under the claim's lock:
 its status after a prepare, its removal after an unprepare (the enrollment revoked and
 the files removed before the answer; :mod:`thunder_dra.plugin.claims.unprepare`).
+
+That work, and the claim status writes, give way to the calls something waits on: each
+request of it waits until no kubelet call (nor a prepare before binding) has been in
+flight for ``LULL_SECONDS``, or until ``LONGEST_DEFERRAL_SECONDS`` have passed since
+its answer (:class:`CallLull`). A claim unprepared before its prepare's record
+status write started has that write cancelled: the record is removed anyway.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from thunder_dra.plugin.claims.unprepare import Unpreparer
 from thunder_dra.plugin.errors import ClaimError
 from thunder_dra.plugin.metrics import DaemonMetrics, ErrorReason
 from thunder_dra.plugin.state.checkpoint import CheckpointStore, ClaimRef, ClaimState, PreparedClaim
-from thunder_dra.plugin.state.locks import KeyedLocks, NodeSerializeLock
+from thunder_dra.plugin.state.locks import CallLull, KeyedLocks, NodeSerializeLock
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -135,6 +141,7 @@ class ClaimService:
         slots: ClaimSlots | None = None,
         status: ClaimStatusWriter | None = None,
         unfinished: set[str] | None = None,
+        lull: CallLull | None = None,
     ) -> None:
         self._preparer = preparer
         self._repairer = repairer
@@ -152,6 +159,8 @@ class ClaimService:
         self._enrolled_writes: dict[str, _RecordWrite] = {}
         # Claims whose record removal after the answer gave up: the sweep finishes them.
         self._unfinished = unfinished if unfinished is not None else set()
+        # Counts the calls waited on; the record work after an answer waits for a pause.
+        self.lull = lull or CallLull()
 
     def _track(self, work: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
         """Run ``work`` as a task :meth:`drain` waits for."""
@@ -162,6 +171,12 @@ class ClaimService:
 
     async def _shielded(self, work: Coroutine[Any, Any, _T]) -> _T:
         return await asyncio.shield(self._track(work))
+
+    async def _waited_on(self, work: Awaitable[_T]) -> _T:
+        """``work``, counted as a call in flight (:class:`CallLull`) for as long as it
+        runs, past a cancelled RPC too."""
+        async with self.lull.call():
+            return await work
 
     async def drain(self) -> None:
         """Wait for claim work still running after its RPC was cancelled or answered
@@ -180,7 +195,10 @@ class ClaimService:
         request is never cancelled in flight: that would close its pooled connection to
         the API server. A failure is tried again, at most :data:`RECORD_ATTEMPTS` times,
         the lock released between tries; after that the next repeated prepare, or the
-        start-up repair, finishes it."""
+        start-up repair, finishes it. Each try first waits for a pause in the calls
+        (:class:`CallLull`, at most its ``longest`` seconds after the answer): until it
+        starts, an unprepare cancels the status write, which then costs no request."""
+        handed_over = time.monotonic()
         write = _RecordWrite()
 
         async def restore() -> None:
@@ -195,18 +213,27 @@ class ClaimService:
                 await self._repairer.restore_record(prepared)
 
         write.task = self._track(
-            self._attempts("writing a prepared claim's Client record", prepared, restore)
+            self._attempts(
+                "writing a prepared claim's Client record", prepared, restore, handed_over
+            )
         )
         if created:
             self._enrolled_writes[prepared.uid] = write
             write.task.add_done_callback(lambda _: self._forget_enrolled_write(prepared.uid, write))
 
     async def _attempts(
-        self, what: str, claim: PreparedClaim, work: Callable[[], Awaitable[object]]
+        self,
+        what: str,
+        claim: PreparedClaim,
+        work: Callable[[], Awaitable[object]],
+        handed_over: float,
     ) -> bool:
         """``work`` under the node lock, tried at most :data:`RECORD_ATTEMPTS` times, the
-        lock released between tries; whether it succeeded. Each failure is logged."""
+        lock released between tries, each try once the calls pause (or the lull's
+        ``longest`` seconds after ``handed_over``); whether it succeeded. Each failure is
+        logged."""
         for attempt in range(1, RECORD_ATTEMPTS + 1):
+            await self.lull.wait(handed_over)
             try:
                 await self._under_node_lock(work)
                 return True
@@ -230,7 +257,9 @@ class ClaimService:
         drop its checkpoint entry (:meth:`Unpreparer.forget`), under the same locks as any
         claim work. A claim whose entry is gone or prepared again by then was finished by
         that call. After :data:`RECORD_ATTEMPTS` failures the claim is left to the sweep
-        (:attr:`unfinished`), its entry still marked ``unpreparing``."""
+        (:attr:`unfinished`), its entry still marked ``unpreparing``. Like a prepare's
+        record work, it waits for a pause in the calls first."""
+        handed_over = time.monotonic()
 
         async def forget() -> None:
             async with self._claim_locks.hold(released.uid):
@@ -244,7 +273,7 @@ class ClaimService:
 
         async def run() -> None:
             if not await self._attempts(
-                "removing an unprepared claim's Client record", released, forget
+                "removing an unprepared claim's Client record", released, forget, handed_over
             ):
                 self._unfinished.add(released.uid)
 
@@ -278,7 +307,7 @@ class ClaimService:
             return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
         with self._call_span("NodePrepareResources", claims):
-            return await self._shielded(self._under_node_lock(all_claims))
+            return await self._shielded(self._waited_on(self._under_node_lock(all_claims)))
 
     def _call_span(
         self, method: str, claims: Sequence[ClaimRef]
@@ -302,7 +331,9 @@ class ClaimService:
         call, under the same locks; a failure sets the binding failure condition."""
         with self._tracer.start_as_current_span("thunder_dra.prepare_before_binding"):
             return await self._shielded(
-                self._under_node_lock(lambda: self._prepare_one(ref, before_binding=True))
+                self._waited_on(
+                    self._under_node_lock(lambda: self._prepare_one(ref, before_binding=True))
+                )
             )
 
     async def release(self, ref: ClaimRef) -> str:
@@ -345,7 +376,7 @@ class ClaimService:
             else:
                 self._metrics.prepares.labels("success").inc()
                 if self._status is not None:
-                    self._status.prepared(prepared, read)
+                    self._status.prepared(prepared, read, urgent=before_binding)
             finally:
                 self._metrics.prepare_seconds.observe(time.monotonic() - started)
                 self._count_prepared()
@@ -395,7 +426,7 @@ class ClaimService:
             return {c.uid: e for c, e in zip(claims, errors, strict=True)}
 
         with self._call_span("NodeUnprepareResources", claims):
-            return await self._shielded(self._under_node_lock(all_claims))
+            return await self._shielded(self._waited_on(self._under_node_lock(all_claims)))
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
         fields = {"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name}
@@ -437,10 +468,12 @@ def claim_service(
     tracer: Tracer,
     concurrency: int,
     status: ClaimStatusWriter | None = None,
+    lull: CallLull | None = None,
 ) -> ClaimService:
     """The kubelet's handler over one instance's claim lifecycle
     (:func:`thunder_dra.plugin.claims.lifecycle.assemble`), at most ``concurrency``
-    claims at once (``--claim-concurrency``), reporting outcomes to ``status``."""
+    claims at once (``--claim-concurrency``), reporting outcomes to ``status``; its calls
+    are counted in ``lull``, which the status writer shares."""
     return ClaimService(
         preparer=claims.preparer,
         repairer=claims.repairer,
@@ -454,4 +487,5 @@ def claim_service(
         slots=ClaimSlots(concurrency, metrics.registry),
         status=status,
         unfinished=claims.unfinished,
+        lull=lull,
     )

@@ -12,6 +12,10 @@ non-blocking ``flock``); only a lock the other instance holds is waited for in a
 :class:`InstanceLock` is held for a daemon's whole life on its own journal directory;
 another instance that can take it knows the owner is dead (the kernel drops a ``flock``
 when its process dies, even on SIGKILL) and may roll back that journal.
+
+:class:`CallLull` puts the calls something waits on (the kubelet's, a scheduler waiting to
+bind) before the bookkeeping done after their answers: that work waits for a pause in
+the calls, for at most a bounded time.
 """
 
 from __future__ import annotations
@@ -19,9 +23,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import math
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+
+LULL_SECONDS = 0.05
+"""How long no call must have been in flight before bookkeeping goes ahead."""
+LONGEST_DEFERRAL_SECONDS = 2.0
+"""Bookkeeping goes ahead this long after it was handed over, even while calls go on."""
 
 
 def _open_lock_file(path: Path) -> int:
@@ -142,3 +153,76 @@ class KeyedLocks:
                 del self._locks[key]
             else:
                 self._locks[key] = (lock, users - 1)
+
+
+class CallLull:
+    """Whether the calls something waits on have paused, for the work done after their
+    answers (records, claim status) to go ahead without competing with them.
+
+    A call is counted while it runs (:meth:`call`). :meth:`wait` returns once no call has
+    been in flight for ``lull`` seconds, or once ``longest`` seconds have passed since the
+    work was handed over, whichever comes first: under calls that never pause, deferred
+    work still goes ahead, at most that late. After :meth:`open` (shutdown) it returns at
+    once. Work that waits is never a request in flight: it waits before each request.
+    """
+
+    def __init__(
+        self,
+        lull: float = LULL_SECONDS,
+        longest: float = LONGEST_DEFERRAL_SECONDS,
+    ) -> None:
+        if lull < 0 or longest < 0:
+            raise ValueError(f"lull ({lull}) and longest deferral ({longest}) must be >= 0")
+        self._lull = lull
+        self.longest = longest
+        self._calls = 0
+        self._opened = False
+        self._quiet = asyncio.Event()
+        self._quiet.set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def calls(self) -> int:
+        """Calls in flight now."""
+        return self._calls
+
+    @contextlib.asynccontextmanager
+    async def call(self) -> AsyncIterator[None]:
+        """Count a call in flight for as long as the block runs."""
+        self._calls += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._opened:
+            self._quiet.clear()
+        try:
+            yield
+        finally:
+            self._calls -= 1
+            if self._calls == 0 and not self._opened:
+                self._timer = asyncio.get_running_loop().call_later(self._lull, self._settle)
+
+    def _settle(self) -> None:
+        self._timer = None
+        if self._calls == 0:
+            self._quiet.set()
+
+    async def wait(self, since: float) -> None:
+        """Return once calls have paused, or ``longest`` seconds after ``since`` (a
+        :func:`time.monotonic` reading: when the work was handed over)."""
+        if self._quiet.is_set():
+            return
+        left = since + self.longest - time.monotonic()
+        if left <= 0 or not math.isfinite(left):
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(left):
+                await self._quiet.wait()
+
+    def open(self) -> None:
+        """From now on :meth:`wait` returns at once (a stopping daemon finishes its work)."""
+        self._opened = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._quiet.set()
