@@ -224,9 +224,17 @@ def _allocated(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
     return results
 
 
-def _writer(api: FakeClaims, registry: CollectorRegistry) -> ClaimStatusWriter:
+def _writer(
+    api: FakeClaims, registry: CollectorRegistry, lull: CallLull | None = None
+) -> ClaimStatusWriter:
     return ClaimStatusWriter(
-        api, driver=DRIVER, scrub=str, registry=registry, retry_base=0.001, retry_cap=0.001
+        api,
+        driver=DRIVER,
+        scrub=str,
+        registry=registry,
+        retry_base=0.001,
+        retry_cap=0.001,
+        lull=lull,
     )
 
 
@@ -296,20 +304,6 @@ async def test_the_newest_outcome_of_a_claim_replaces_one_not_yet_written() -> N
     assert {d["conditions"][0]["status"] for d in api.claim["status"]["devices"]} == {"True"}
 
 
-def _deferring_writer(
-    api: FakeClaims, registry: CollectorRegistry, longest: float = 60.0
-) -> ClaimStatusWriter:
-    return ClaimStatusWriter(
-        api,
-        driver=DRIVER,
-        scrub=str,
-        registry=registry,
-        retry_base=0.001,
-        retry_cap=0.001,
-        lull=CallLull(lull=0.01, longest=longest),
-    )
-
-
 async def _until(condition: Any) -> None:
     for _ in range(500):
         if condition():
@@ -323,7 +317,7 @@ async def test_a_claim_unprepared_while_the_calls_go_on_costs_a_read_and_no_writ
     prepare's before either is written, and the claim, read once, already says it."""
     api = FakeClaims(_claim())
     registry = CollectorRegistry()
-    writer = _deferring_writer(api, registry)
+    writer = _writer(api, registry, CallLull(lull=0.01, longest=60))
     async with writer.lull.call():
         writer.prepared(_prepared(), api.claim)
         await asyncio.sleep(0.05)
@@ -337,7 +331,7 @@ async def test_a_claim_unprepared_while_the_calls_go_on_costs_a_read_and_no_writ
 async def test_under_calls_that_never_pause_an_outcome_is_written_all_the_same() -> None:
     api = FakeClaims(_claim())
     registry = CollectorRegistry()
-    writer = _deferring_writer(api, registry, longest=0.2)
+    writer = _writer(api, registry, CallLull(lull=0.01, longest=0.2))
     async with writer.lull.call():
         writer.prepared(_prepared(), api.claim)
         await asyncio.wait_for(writer.idle(), 10)
@@ -350,7 +344,7 @@ async def test_the_outcome_of_a_prepare_before_binding_does_not_wait(outcome: st
     of the claim was already waiting for a pause."""
     api = FakeClaims(_claim())
     registry = CollectorRegistry()
-    writer = _deferring_writer(api, registry)
+    writer = _writer(api, registry, CallLull(lull=0.01, longest=60))
     async with writer.lull.call():
         writer.unprepared(_prepared())
         await asyncio.sleep(0.05)

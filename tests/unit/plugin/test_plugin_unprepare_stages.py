@@ -166,6 +166,14 @@ async def test_a_prepare_right_after_the_answer_finishes_the_unprepare_first(
         await asyncio.sleep(0.01)
     # The claim is prepared again (a new pod on this node) while its old record's
     # removal is still failing and waiting for its retry.
+    await _prepared_again_over_an_unfinished_unprepare(world, daemon, ref, first)
+
+
+async def _prepared_again_over_an_unfinished_unprepare(
+    world: World, daemon: Daemon, ref: ClaimReference, first: PreparedClaim
+) -> None:
+    """The claim is prepared again: the old enrollment's record is gone, the new one is
+    the claim's only record and live client, and a last unprepare leaves nothing."""
     second = (await daemon.prepare(ref))[ref.uid]
     assert isinstance(second, PreparedClaim)
     await daemon.service.drain()
@@ -177,6 +185,21 @@ async def test_a_prepare_right_after_the_answer_finishes_the_unprepare_first(
     assert await daemon.unprepare(ref) == {ref.uid: ""}
     world.assert_clean()
     await daemon.stop()
+
+
+async def test_a_prepare_before_the_deferred_removal_finishes_the_unprepare_itself(
+    world: World,
+) -> None:
+    """The claim is prepared again the moment its unprepare answered, while the record's
+    removal still waits for the calls to pause: the prepare finishes the unprepare (the
+    old record goes) and enrolls afresh; the deferred removal then finds nothing to do."""
+    daemon = await world.start()
+    ref = world.claim("train")
+    first = (await daemon.prepare(ref))[ref.uid]
+    assert isinstance(first, PreparedClaim)
+    assert await daemon.service.unprepare([ref]) == {ref.uid: ""}
+    assert len(world.client_records()) == 1  # the removal has not run yet
+    await _prepared_again_over_an_unfinished_unprepare(world, daemon, ref, first)
 
 
 async def test_the_prepared_claims_gauge_drops_once_the_entry_is_dropped(world: World) -> None:
