@@ -4,7 +4,8 @@ faked by :class:`tests.support.fakekube.FakeKube`, Thunder by :mod:`hack.fake_th
 :class:`CrashAt` is a :class:`CrashPoints` whose crash raises :class:`Crashed` instead of
 ending the process: being a ``BaseException``, it passes every ``except Exception`` the
 way a SIGKILL skips every handler, so no rollback runs and what was written stays.
-:class:`Meeting` shows that steps run at once.
+:class:`Meeting` shows that steps run at once; :func:`until` waits for what work in the
+background does.
 """
 
 from __future__ import annotations
@@ -14,6 +15,18 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from thunder_dra.plugin.state.crashpoints import ALL_STEPS, CrashPoints
+
+UNTIL_SECONDS = 5.0
+
+
+async def until(condition: Callable[[], object], what: str = "the condition") -> None:
+    """Return once ``condition()`` is true, checked every 10 ms; fail after
+    :data:`UNTIL_SECONDS`, naming ``what``."""
+    for _ in range(int(UNTIL_SECONDS / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{what} never came about")
 
 
 class Crashed(BaseException):

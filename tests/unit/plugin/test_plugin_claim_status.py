@@ -16,6 +16,7 @@ import pytest
 from opentelemetry.trace import NoOpTracer
 from prometheus_client import CollectorRegistry
 
+from tests.unit.plugin.fakes import until
 from thunder_dra.kube.errors import Forbidden, Invalid, NotFound
 from thunder_dra.kube.resources import RESOURCE_CLAIMS
 from thunder_dra.plugin.claims.status import (
@@ -304,14 +305,6 @@ async def test_the_newest_outcome_of_a_claim_replaces_one_not_yet_written() -> N
     assert {d["conditions"][0]["status"] for d in api.claim["status"]["devices"]} == {"True"}
 
 
-async def _until(condition: Any) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition never met")
-
-
 async def test_a_claim_unprepared_while_the_calls_go_on_costs_a_read_and_no_write() -> None:
     """Outcomes wait while a kubelet call is in flight; the unprepare's replaces the
     prepare's before either is written, and the claim, read once, already says it."""
@@ -355,7 +348,7 @@ async def test_the_outcome_of_a_prepare_before_binding_does_not_wait(outcome: st
             writer.failed(
                 _prepared(), "Thunder mint failed", ErrorReason.THUNDER_MINT, before_binding=True
             )
-        await _until(lambda: api.applies)
+        await until(lambda: api.applies, "the urgent write")
         assert writer.lull.calls == 1
     await asyncio.wait_for(writer.idle(), 10)
     assert len(api.applies) == 1

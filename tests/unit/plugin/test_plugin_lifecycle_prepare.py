@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.plugin.fakes import Recording
+from tests.unit.plugin.fakes import Recording, until
 from tests.unit.plugin.lifecycle_node import NAMESPACE, World
 from thunder_dra.kube.errors import Invalid
 from thunder_dra.kube.resources import EVENTS
@@ -335,10 +335,7 @@ async def test_an_unprepare_cancels_a_record_status_write_not_under_way(
         return [r for r in world.kube.calls("PATCH") if r.path.endswith("/status")]
 
     _prepared((await daemon.prepare(ref))[ref.uid])
-    for _ in range(500):  # until the first try (once the calls pause) failed
-        if status_writes():
-            break
-        await asyncio.sleep(0.01)
+    await until(status_writes, "the first try (once the calls pause)")
     assert len(status_writes()) == 1
     assert await asyncio.wait_for(daemon.unprepare(ref), 30) == {ref.uid: ""}
     await asyncio.wait_for(daemon.service.drain(), 30)  # not an hour: the retry is gone
@@ -389,10 +386,10 @@ async def test_an_unprepare_goes_on_beside_a_record_status_write_in_flight(world
     assert world.live_tokens() == []
     assert world.live_clients() == []
     assert world.node_files() == []
-    for _ in range(500):  # the record's removal, right after the answer
-        if not world.client_records() and not world.checkpoint_claims():
-            break
-        await asyncio.sleep(0.01)
+    await until(
+        lambda: not world.client_records() and not world.checkpoint_claims(),
+        "the record's removal after the answer",
+    )
     await daemon.kill()  # the status write still hangs
     world.assert_clean()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.plugin.fakes import CrashAt, Crashed, Meeting
+from tests.unit.plugin.fakes import CrashAt, Crashed, Meeting, until
 from tests.unit.plugin.lifecycle_node import Daemon, World
 from thunder_dra.kube.errors import Unavailable
 from thunder_dra.plugin.claims import prepare as prepare_module
@@ -54,11 +54,7 @@ async def test_a_reenrollment_killed_before_its_client_id_is_journaled_is_enroll
 
     monkeypatch.setattr(journal, "record_client_id", hang)
     again = asyncio.ensure_future(daemon.prepare(ref))
-    for _ in range(500):
-        if config_json.is_file():
-            break
-        await asyncio.sleep(0.01)
-    assert config_json.is_file(), "the re-enrollment never wrote its config.json"
+    await until(config_json.is_file, "the re-enrollment's config.json")
     assert not again.done()
     await daemon.kill()
     stale = json.loads(config_json.read_text())["clientId"]

@@ -6,13 +6,12 @@ kubelet still gets its error."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.unit.plugin.fakes import CrashAt, Crashed, Meeting
+from tests.unit.plugin.fakes import CrashAt, Crashed, Meeting, until
 from tests.unit.plugin.lifecycle_node import NAMESPACE, Daemon, World
 from thunder_dra.api import ClaimReference
 from thunder_dra.plugin.kubelet import handler
@@ -160,10 +159,10 @@ async def test_a_prepare_right_after_the_answer_finishes_the_unprepare_first(
     daemon, ref, first = await _answered_while_the_record_delete_fails(
         world, monkeypatch, retry_seconds=0.01, times=1
     )
-    for _ in range(500):  # the removal's first try, once the calls have paused
-        if any(re.search(RECORD_DELETE, r.path) for r in world.kube.calls("DELETE")):
-            break
-        await asyncio.sleep(0.01)
+    await until(
+        lambda: any(re.search(RECORD_DELETE, r.path) for r in world.kube.calls("DELETE")),
+        "the removal's first try, once the calls have paused",
+    )
     # The claim is prepared again (a new pod on this node) while its old record's
     # removal is still failing and waiting for its retry.
     await _prepared_again_over_an_unfinished_unprepare(world, daemon, ref, first)
