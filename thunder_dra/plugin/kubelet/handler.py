@@ -198,7 +198,6 @@ class ClaimService:
         start-up repair, finishes it. Each try first waits for a pause in the calls
         (:class:`CallLull`, at most its ``longest`` seconds after the answer): until it
         starts, an unprepare cancels the status write, which then costs no request."""
-        handed_over = time.monotonic()
         write = _RecordWrite()
 
         async def restore() -> None:
@@ -213,25 +212,20 @@ class ClaimService:
                 await self._repairer.restore_record(prepared)
 
         write.task = self._track(
-            self._attempts(
-                "writing a prepared claim's Client record", prepared, restore, handed_over
-            )
+            self._attempts("writing a prepared claim's Client record", prepared, restore)
         )
         if created:
             self._enrolled_writes[prepared.uid] = write
             write.task.add_done_callback(lambda _: self._forget_enrolled_write(prepared.uid, write))
 
     async def _attempts(
-        self,
-        what: str,
-        claim: PreparedClaim,
-        work: Callable[[], Awaitable[object]],
-        handed_over: float,
+        self, what: str, claim: PreparedClaim, work: Callable[[], Awaitable[object]]
     ) -> bool:
         """``work`` under the node lock, tried at most :data:`RECORD_ATTEMPTS` times, the
         lock released between tries, each try once the calls pause (or the lull's
-        ``longest`` seconds after ``handed_over``); whether it succeeded. Each failure is
-        logged."""
+        ``longest`` seconds after the first try was due); whether it succeeded. Each
+        failure is logged."""
+        handed_over = time.monotonic()
         for attempt in range(1, RECORD_ATTEMPTS + 1):
             await self.lull.wait(handed_over)
             try:
@@ -259,7 +253,6 @@ class ClaimService:
         that call. After :data:`RECORD_ATTEMPTS` failures the claim is left to the sweep
         (:attr:`unfinished`), its entry still marked ``unpreparing``. Like a prepare's
         record work, it waits for a pause in the calls first."""
-        handed_over = time.monotonic()
 
         async def forget() -> None:
             async with self._claim_locks.hold(released.uid):
@@ -273,7 +266,7 @@ class ClaimService:
 
         async def run() -> None:
             if not await self._attempts(
-                "removing an unprepared claim's Client record", released, forget, handed_over
+                "removing an unprepared claim's Client record", released, forget
             ):
                 self._unfinished.add(released.uid)
 

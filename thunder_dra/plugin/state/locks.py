@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import math
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -213,7 +212,7 @@ class CallLull:
         if self._quiet.is_set():
             return
         left = since + self.longest - time.monotonic()
-        if left <= 0 or not math.isfinite(left):
+        if left <= 0:
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(left):
