@@ -23,6 +23,9 @@ from types import TracebackType
 from typing import Any, Final, Protocol
 from urllib.parse import urlencode
 
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+
 from thunder_dra.kube import bodies
 from thunder_dra.kube.errors import (
     Gone,
@@ -41,10 +44,14 @@ from thunder_dra.kube.resources import (
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
     SECRETS,
+    path_template,
     resource_of,
 )
+from thunder_dra.version import __version__
 
 JSON = dict[str, Any]
+# One client span per request; by default from the process's global tracer provider.
+_tracer = trace.get_tracer("thunder_dra.kube", __version__)
 
 JSON_CONTENT: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
@@ -130,12 +137,14 @@ class KubeClient:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         on_write: WriteObserver | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
         self.transport = transport
         self.timeout = timeout
         self._on_write = on_write
+        self._tracer = tracer or _tracer
 
     async def open(self) -> None:
         """Load the configuration and open the connection pool now rather than on the first
@@ -190,9 +199,30 @@ class KubeClient:
         dry_run = any(key == "dryRun" for key, _ in pairs)
         if self._on_write is not None and method in _VERBS and not dry_run:
             self._on_write(resource_of(path), _VERBS[method])
-        response = await self._send(request)
-        if not 200 <= response.status <= 299:
-            raise from_answer(method, path, response.status, response.reason, response.body)
+        template = path_template(path)
+        with self._tracer.start_as_current_span(
+            # "kube:" tells these from the Thunder API's spans, whose paths also start /api/v1.
+            f"{method} kube:{template}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                "http.request.method": method,
+                "url.template": template,
+                "k8s.resource": resource_of(path),
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                response = await self._send(request)
+            except Exception as err:
+                reason = err.reason if isinstance(err, KubeError) else type(err).__name__
+                span.set_status(Status(StatusCode.ERROR, reason))
+                raise
+            span.set_attribute("http.response.status_code", response.status)
+            if not 200 <= response.status <= 299:
+                refused = from_answer(method, path, response.status, response.reason, response.body)
+                span.set_status(Status(StatusCode.ERROR, refused.reason))
+                raise refused
         if not response.body:
             return None
         try:

@@ -60,6 +60,25 @@ THUNDER_CLUSTERS: Final = ResourcePath(GROUP, VERSION, THUNDER_CLUSTER_PLURAL)
 CLIENTS: Final = ResourcePath(GROUP, VERSION, CLIENT_PLURAL, namespaced=True)
 
 
+def path_template(path: str) -> str:
+    """``path`` with its namespace and object name replaced by placeholders, as a request's
+    span names it: what was addressed, never which object.
+
+    ``/apis/g/v/namespaces/ns/clients/name/status`` ->
+    ``/apis/g/v/namespaces/{namespace}/clients/{name}/status``;
+    ``/api/v1/namespaces/ns`` -> ``/api/v1/namespaces/{name}``.
+    """
+    parts = path.split("?", 1)[0].split("/")
+    # The segments before the resource: ["", "api", version] or ["", "apis", group, version].
+    start = 3 if parts[1:2] == ["api"] else 4 if parts[1:2] == ["apis"] else len(parts)
+    head, rest = parts[:start], parts[start:]
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        head, rest = [*head, "namespaces", "{namespace}"], rest[2:]
+    if len(rest) >= 2:
+        rest[1] = "{name}"
+    return "/".join([*head, *rest])
+
+
 def resource_of(path: str) -> str:
     """The resource a path addresses, as RBAC names it: ``clients`` or ``clients/status``.
 

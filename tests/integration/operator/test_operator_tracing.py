@@ -1,6 +1,7 @@
 """The real operator exports its traces over OTLP/gRPC (the chart's default protocol) to
 an OTLP receiver: an inventory pass arrives as one trace, from the reconcile cycle down to
-the Thunder client's requests, and no span carries the Thunder API token."""
+the Thunder client's requests and the Kubernetes API requests, and no span carries the
+Thunder API token."""
 
 from __future__ import annotations
 
@@ -68,8 +69,19 @@ def test_an_inventory_pass_arrives_as_one_trace_over_otlp_grpc(
     assert inventory_pass.attributes["thunder.result"] in ("synced", "unchanged")
     [read] = [s for s in trace if s.name == "thunder.read_inventory"]
     assert read.parent_id == inventory_pass.span_id
-    requests = [s for s in trace if s.kind == "CLIENT"]
+    requests = [s for s in trace if s.kind == "CLIENT" and "thunder.endpoint" in s.attributes]
     assert {s.name for s in requests} == set(READS)
+    # The pass's Kubernetes requests are client spans of the same trace, by resource.
+    kube = [s for s in trace if s.kind == "CLIENT" and "k8s.resource" in s.attributes]
+    assert "resourceslices" in {s.attributes["k8s.resource"] for s in kube}, tree(trace)
+    for request in kube:
+        method, template = (
+            request.attributes["http.request.method"],
+            request.attributes["url.template"],
+        )
+        assert str(template).startswith("/api"), request.name
+        assert request.name == f"{method!s} kube:{template!s}"
+
     for request in requests:
         # Beneath the Thunder read (every client span's ancestors are in this trace).
         ancestors = []

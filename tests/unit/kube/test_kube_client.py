@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.support.fakekube import FakeKube
 from thunder_dra.kube.client import (
@@ -28,7 +34,15 @@ from thunder_dra.kube.errors import (
     Unavailable,
     from_answer,
 )
-from thunder_dra.kube.resources import CLIENTS, RESOURCE_SLICES, SECRETS, resource_of
+from thunder_dra.kube.resources import (
+    CLIENTS,
+    PODS,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    SECRETS,
+    path_template,
+    resource_of,
+)
 
 
 def _client(fake: FakeKube, **kwargs: object) -> KubeClient:
@@ -290,6 +304,93 @@ def test_resource_of_names_the_resource_as_rbac_does() -> None:
     assert resource_of("/api/v1/namespaces/n") == "namespaces"
     assert resource_of("/api/v1/namespaces/n/events/e") == "events"
     assert resource_of(RESOURCE_SLICES.item("s")) == "resourceslices"
+
+
+def test_a_path_template_names_what_was_addressed_but_not_which_object() -> None:
+    assert (
+        path_template(CLIENTS.item("c", "n", "status"))
+        == "/apis/thundercompute.com/v1alpha1/namespaces/{namespace}/clients/{name}/status"
+    )
+    assert path_template(CLIENTS.collection("n")) == (
+        "/apis/thundercompute.com/v1alpha1/namespaces/{namespace}/clients"
+    )
+    assert path_template("/api/v1/namespaces/n") == "/api/v1/namespaces/{name}"
+    assert path_template("/api/v1/nodes/n1?watch=1") == "/api/v1/nodes/{name}"
+    assert path_template(RESOURCE_SLICES.collection()) == "/apis/resource.k8s.io/v1/resourceslices"
+    assert path_template("/version") == "/version"
+
+
+_NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-.", min_size=1, max_size=40).filter(
+    lambda n: n not in (".", "..")
+)
+
+
+@given(name=_NAMES, namespace=_NAMES)
+def test_a_path_template_is_the_same_whatever_the_object_and_namespace(
+    name: str, namespace: str
+) -> None:
+    paths: tuple[Callable[[str, str], str], ...] = (
+        lambda n, ns: PODS.item(n, ns),
+        lambda n, ns: RESOURCE_CLAIMS.item(n, ns, "status"),
+        lambda n, ns: CLIENTS.collection(ns),
+        lambda n, ns: RESOURCE_SLICES.item(n),
+    )
+    for path_of in paths:
+        assert path_template(path_of(name, namespace)) == path_template(path_of("a", "b"))
+
+
+def _spans(**kwargs: object) -> tuple[KubeClient, FakeKube, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    fake = FakeKube()
+    return _client(fake, tracer=provider.get_tracer("test"), **kwargs), fake, exporter
+
+
+def _only(exporter: InMemorySpanExporter) -> ReadableSpan:
+    [span] = exporter.get_finished_spans()
+    return span
+
+
+async def test_each_request_is_a_client_span_named_by_its_method_and_template() -> None:
+    kube, _, exporter = _spans()
+    await kube.create(CLIENTS.collection("team-a"), {"metadata": {"name": "claim-1"}})
+    span = _only(exporter)
+    template = "/apis/thundercompute.com/v1alpha1/namespaces/{namespace}/clients"
+    assert span.name == f"POST kube:{template}"
+    assert span.kind.name == "CLIENT"
+    assert dict(span.attributes or {}) == {
+        "http.request.method": "POST",
+        "url.template": template,
+        "k8s.resource": "clients",
+        "http.response.status_code": 201,
+    }
+    assert span.status.status_code.name == "UNSET"
+    # Which object, and what was sent, stay out of the span.
+    for text in (span.name, *map(str, (span.attributes or {}).values())):
+        assert "team-a" not in text
+        assert "claim-1" not in text
+
+
+async def test_a_refused_request_or_one_without_an_answer_is_an_error_span() -> None:
+    kube, fake, exporter = _spans()
+    with pytest.raises(NotFound):
+        await kube.get(CLIENTS.item("gone", "team-a"))
+    span = _only(exporter)
+    assert span.attributes is not None
+    assert span.attributes["http.response.status_code"] == 404
+    assert span.status.status_code.name == "ERROR"
+    assert span.status.description == "NotFound"  # the Status reason, as the error has it
+
+    exporter.clear()
+    fake.fail("*", "", error=ConnectionResetError(104, "Connection reset by peer"))
+    with pytest.raises(Unavailable):
+        await kube.get("/api/v1/nodes/n1")
+    span = _only(exporter)
+    assert span.attributes is not None
+    assert "http.response.status_code" not in span.attributes
+    assert span.status.status_code.name == "ERROR"
+    assert span.status.description == "ConnectionResetError"
 
 
 def test_paths_quote_names_and_refuse_empty_ones() -> None:
