@@ -268,11 +268,17 @@ class Environment:
         return self.daemon.pid
 
     def spawn_daemon(
-        self, root: Path, *, source: Path = REPO, extra_args: Sequence[str] = ()
+        self,
+        root: Path,
+        *,
+        source: Path = REPO,
+        extra_args: Sequence[str] = (),
+        environment: Mapping[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
         """A daemon process of the source tree ``source``, its directories (plugins,
         plugins_registry, cdi, state, host) and its log (daemon.log) under ``root``, once
-        its /healthz answers. It is stopped on exit."""
+        its /healthz answers; ``environment`` adds variables (tracing, say). It is stopped
+        on exit."""
         assert self.cluster is not None
         assert self.fake is not None
         root.mkdir(parents=True, exist_ok=True)
@@ -303,6 +309,7 @@ class Environment:
             "POD_UID": "bench",
             "THUNDER_API_TOKEN": API_TOKEN,
             "KUBECONFIG": str(self.cluster.kubeconfig),
+            **(environment or {}),
         }
         log_path = root / "daemon.log"
         with log_path.open("ab") as log:
