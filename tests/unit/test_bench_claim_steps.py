@@ -14,8 +14,8 @@ import pytest
 from bench import claim_steps
 from bench.claim_steps import Call, Step, calls_of, render, short_name, table
 from bench.docsection import INTRO
-from bench.kubelet_report import Machine
 from hack.otlp_receiver import ReceivedSpan
+from tests.unit.test_bench_kubelet_calls import MACHINE
 
 MS = 1_000_000
 
@@ -131,19 +131,6 @@ def test_short_names_drop_group_version_and_namespace_but_keep_the_rest() -> Non
     assert short_name("thunder_dra.checkpoint.write") == "thunder_dra.checkpoint.write"
 
 
-def _machine() -> Machine:
-    return Machine(
-        started="2026-12-03 22:00 UTC",
-        arch="x86_64",
-        cpus=2,
-        cpu_model="test CPU",
-        python="3.11.7",
-        go="go1.26.8",
-        kubernetes="v1.37.2",
-        load_mean=1.0,
-    )
-
-
 def _rows(calls: Sequence[Call]) -> dict[str, list[str]]:
     """The table's rows by their first cell (backquotes dropped): the other cells."""
     rows = {}
@@ -178,7 +165,7 @@ def test_the_section_lands_after_the_kubernetes_requests_and_replaces_itself(
     section = render(
         {1: calls, 20: calls},
         "python -m bench.claim_steps --claims 1 --in-flight 20 --write-docs",
-        _machine(),
+        MACHINE,
         1,
     )
     claim_steps.write_docs(section)
