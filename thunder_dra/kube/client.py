@@ -52,6 +52,8 @@ from thunder_dra.version import __version__
 JSON = dict[str, Any]
 # One client span per request; by default from the process's global tracer provider.
 _tracer = trace.get_tracer("thunder_dra.kube", __version__)
+# A refused request's span keeps the reason of the answer (``NotFound``), cut to this.
+_SPAN_REASON_CHARS = 64
 
 JSON_CONTENT: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
@@ -216,12 +218,12 @@ class KubeClient:
                 response = await self._send(request)
             except Exception as err:
                 reason = err.reason if isinstance(err, KubeError) else type(err).__name__
-                span.set_status(Status(StatusCode.ERROR, reason))
+                span.set_status(Status(StatusCode.ERROR, reason[:_SPAN_REASON_CHARS]))
                 raise
             span.set_attribute("http.response.status_code", response.status)
             if not 200 <= response.status <= 299:
                 refused = from_answer(method, path, response.status, response.reason, response.body)
-                span.set_status(Status(StatusCode.ERROR, refused.reason))
+                span.set_status(Status(StatusCode.ERROR, refused.reason[:_SPAN_REASON_CHARS]))
                 raise refused
         if not response.body:
             return None

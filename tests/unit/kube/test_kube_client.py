@@ -383,6 +383,13 @@ async def test_a_refused_request_or_one_without_an_answer_is_an_error_span() -> 
     assert span.status.description == "NotFound"  # the Status reason, as the error has it
 
     exporter.clear()
+    refusal = {"kind": "Status", "status": "Failure", "reason": "Invalid" + "x" * 500}
+    fake.fail("GET", "/api/v1/nodes/n0", status=422, body=refusal)
+    with pytest.raises(Invalid):
+        await kube.get("/api/v1/nodes/n0")
+    assert _only(exporter).status.description == "Invalid" + "x" * 57  # 64 characters
+
+    exporter.clear()
     fake.fail("*", "", error=ConnectionResetError(104, "Connection reset by peer"))
     with pytest.raises(Unavailable):
         await kube.get("/api/v1/nodes/n1")
