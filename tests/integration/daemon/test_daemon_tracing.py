@@ -166,6 +166,13 @@ def test_one_prepare_is_one_trace_and_no_span_carries_a_credential(
     unprepare = _one(undone, "thunder_dra.unprepare")
     assert unprepare.parent_id == call.span_id
     assert _one(undone, REVOKE).parent_id == unprepare.span_id
+    # The files go while Thunder revokes, each removal a span of its own.
+    spec_removed = _one(undone, "thunder_dra.cdi_spec.remove")
+    assert spec_removed.parent_id == unprepare.span_id
+    assert str(spec_removed.attributes["file.path"]).startswith(str(node.daemon.cdi_dir))
+    dir_removed = _one(undone, "thunder_dra.claim_dir.remove")
+    assert dir_removed.parent_id == unprepare.span_id
+    assert str(dir_removed.attributes["file.path"]).endswith(claim.uid)
     assert undone[0].trace_id != trace[0].trace_id
 
     node.daemon.stop()  # flushes what is still waiting for export

@@ -294,7 +294,11 @@ class CdiSpecStore:
 
     async def remove(self, claim_uid: str) -> bool:
         """Delete the claim's spec file; a missing file is done already. True if removed."""
-        return await fsutil.remove_if_exists_async(self.path_for(claim_uid))
+        path = self.path_for(claim_uid)
+        with _tracer.start_as_current_span(
+            "thunder_dra.cdi_spec.remove", attributes={"file.path": str(path)}
+        ):
+            return await fsutil.remove_if_exists_async(path)
 
     async def list_claim_uids(self) -> list[str]:
         """UIDs of the claims that have a spec file here, sorted (for rebuild and cleanup)."""

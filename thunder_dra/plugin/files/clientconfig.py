@@ -171,4 +171,7 @@ def _remove_dir_sync(directory: Path) -> bool:
 
 async def remove_claim_dir(directory: Path) -> bool:
     """Delete the claim's directory and its files; a missing one is done already."""
-    return await asyncio.to_thread(_remove_dir_sync, directory)
+    with _tracer.start_as_current_span(
+        "thunder_dra.claim_dir.remove", attributes={"file.path": str(directory)}
+    ):
+        return await asyncio.to_thread(_remove_dir_sync, directory)
