@@ -60,6 +60,17 @@ THUNDER_CLUSTERS: Final = ResourcePath(GROUP, VERSION, THUNDER_CLUSTER_PLURAL)
 CLIENTS: Final = ResourcePath(GROUP, VERSION, CLIENT_PLURAL, namespaced=True)
 
 
+def _segments(path: str) -> tuple[list[str], bool, list[str]]:
+    """A request path taken apart, its query dropped: the API prefix (``api/<version>`` or
+    ``apis/<group>/<version>``), whether ``namespaces/<namespace>`` follows it, and the
+    segments from the resource on."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    size = 2 if parts[:1] == ["api"] else 3 if parts[:1] == ["apis"] else 0
+    prefix, rest = parts[:size], parts[size:]
+    namespaced = len(rest) >= 3 and rest[0] == "namespaces"
+    return prefix, namespaced, rest[2:] if namespaced else rest
+
+
 def path_template(path: str) -> str:
     """``path`` with its namespace and object name replaced by placeholders, as a request's
     span names it: what was addressed, never which object.
@@ -68,15 +79,11 @@ def path_template(path: str) -> str:
     ``/apis/g/v/namespaces/{namespace}/clients/{name}/status``;
     ``/api/v1/namespaces/ns`` -> ``/api/v1/namespaces/{name}``.
     """
-    parts = path.split("?", 1)[0].split("/")
-    # The segments before the resource: ["", "api", version] or ["", "apis", group, version].
-    start = 3 if parts[1:2] == ["api"] else 4 if parts[1:2] == ["apis"] else len(parts)
-    head, rest = parts[:start], parts[start:]
-    if len(rest) >= 3 and rest[0] == "namespaces":
-        head, rest = [*head, "namespaces", "{namespace}"], rest[2:]
+    prefix, namespaced, rest = _segments(path)
     if len(rest) >= 2:
-        rest[1] = "{name}"
-    return "/".join([*head, *rest])
+        rest = [rest[0], "{name}", *rest[2:]]
+    scope = ["namespaces", "{namespace}"] if namespaced else []
+    return "/" + "/".join([*prefix, *scope, *rest])
 
 
 def resource_of(path: str) -> str:
@@ -85,15 +92,9 @@ def resource_of(path: str) -> str:
     ``/apis/g/v/namespaces/ns/clients/name/status`` -> ``clients/status``;
     ``/api/v1/namespaces/ns`` -> ``namespaces``.
     """
-    parts = [p for p in path.split("?", 1)[0].split("/") if p]
-    if parts[:1] == ["api"]:
-        parts = parts[2:]
-    elif parts[:1] == ["apis"]:
-        parts = parts[3:]
-    if len(parts) >= 3 and parts[0] == "namespaces":
-        parts = parts[2:]
-    if not parts:
+    _, _, rest = _segments(path)
+    if not rest:
         return ""
-    if len(parts) >= 3:
-        return f"{parts[0]}/{parts[2]}"
-    return parts[0]
+    if len(rest) >= 3:
+        return f"{rest[0]}/{rest[2]}"
+    return rest[0]
