@@ -29,9 +29,8 @@ import asyncio
 import statistics
 import sys
 import tempfile
-import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -142,6 +141,11 @@ def calls_of(spans: Iterable[ReceivedSpan], uids: set[str]) -> list[Call]:
     return calls
 
 
+def every_call_of(uids: set[str]) -> Callable[[list[ReceivedSpan]], bool]:
+    """Whether the spans hold the traces of every claim's prepare and unprepare."""
+    return lambda spans: len(calls_of(spans, uids)) >= 2 * len(uids)
+
+
 def _p50(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
 
@@ -220,21 +224,6 @@ def render(runs: Mapping[int, Sequence[Call]], command: str, machine: Machine, c
     return "\n".join(lines) + "\n"
 
 
-def _wait_exported(receiver: OtlpReceiver, uids: set[str], timeout: float = 60) -> list[Call]:
-    """Every call of ``uids`` (a prepare and an unprepare each) once its trace arrived."""
-    deadline = time.monotonic() + timeout
-    while True:
-        calls = calls_of(receiver.spans(), uids)
-        if len(calls) >= 2 * len(uids):
-            return calls
-        if time.monotonic() > deadline:
-            raise SystemExit(
-                f"the receiver has {len(calls)} of the {2 * len(uids)} calls' traces "
-                f"after {timeout:g} s"
-            )
-        time.sleep(0.2)
-
-
 async def drive(env: Environment, claims: list[Claim], in_flight: int) -> None:
     driver = Driver(env.socket)
     try:
@@ -272,7 +261,8 @@ def run(claims: int, in_flights: Sequence[int], workdir: Path) -> dict[int, list
         runs: dict[int, list[Call]] = {}
         for in_flight, timed in phases.items():
             uids = {c.uid for c in timed}
-            runs[in_flight] = [c for c in _wait_exported(receiver, uids) if c.claim_uid in uids]
+            spans = receiver.wait_for(every_call_of(uids), timeout=60)
+            runs[in_flight] = calls_of(spans, uids)
         return runs
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import claim_steps
-from bench.claim_steps import Call, Step, calls_of, render, short_name, table
+from bench.claim_steps import Call, Step, calls_of, every_call_of, render, short_name, table
 from bench.docsection import INTRO
 from hack.otlp_receiver import ReceivedSpan
 from tests.unit.test_bench_kubelet_calls import MACHINE
@@ -209,3 +209,16 @@ def test_a_step_made_both_in_the_wait_and_after_the_answer_has_a_row_for_each() 
     ]
     after = [s for c in calls for s in c.steps if s.after_answer]
     assert [s.name for s in after] == ["thunder_dra.checkpoint.write"] * 2
+
+
+def test_the_run_waits_until_each_claim_has_its_prepare_and_its_unprepare() -> None:
+    prepared = _prepare_trace("u1")
+    unprepared = [
+        _span(
+            "DRAPlugin/NodeUnprepareResources", 200, 204, trace="t9", span_id="root", parent=None
+        ),
+        _span("thunder_dra.unprepare", 200.1, 203.9, trace="t9", parent="root", uid="u1"),
+    ]
+    assert not every_call_of({"u1"})(prepared)
+    assert every_call_of({"u1"})([*prepared, *unprepared])
+    assert not every_call_of({"u1", "u2"})([*prepared, *unprepared])
