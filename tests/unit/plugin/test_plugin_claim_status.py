@@ -305,20 +305,76 @@ async def test_the_newest_outcome_of_a_claim_replaces_one_not_yet_written() -> N
     assert {d["conditions"][0]["status"] for d in api.claim["status"]["devices"]} == {"True"}
 
 
-async def test_a_claim_unprepared_while_the_calls_go_on_costs_a_read_and_no_write() -> None:
+async def test_a_claim_unprepared_while_the_calls_go_on_costs_no_request() -> None:
     """Outcomes wait while a kubelet call is in flight; the unprepare's replaces the
-    prepare's before either is written, and the claim, read once, already says it."""
-    api = FakeClaims(_claim())
+    prepare's before either is written, and the claim as the prepare read it already
+    says it: none of this driver's entries, and none set since."""
+    api = FakeClaims(_claim(devices=[OTHER_ENTRY]))
     registry = CollectorRegistry()
     writer = _writer(api, registry, CallLull(lull=0.01, longest=60))
     async with writer.lull.call():
-        writer.prepared(_prepared(), api.claim)
+        writer.prepared(_prepared(), _claim(devices=[OTHER_ENTRY]))
         await asyncio.sleep(0.05)
         assert (api.gets, api.applies) == (0, [])
         writer.unprepared(_prepared())
     await asyncio.wait_for(writer.idle(), 10)
-    assert (api.gets, api.applies) == (1, [])
+    assert (api.gets, api.applies) == (0, [])
     assert _count(registry, "unchanged") == 1
+
+
+async def test_entries_in_the_claim_the_prepare_read_are_removed_without_a_read() -> None:
+    """Entries a restarted daemon's predecessor set are in the claim the prepare read: the
+    unprepare that replaces the prepare's outcome removes them with one apply."""
+    ours = {"driver": DRIVER, "pool": "zone-a-a6000", "device": "gpu-0", "conditions": []}
+    api = FakeClaims(_claim(devices=[OTHER_ENTRY, ours]))
+    writer = _writer(api, CollectorRegistry(), CallLull(lull=0.01, longest=60))
+    async with writer.lull.call():
+        writer.prepared(_prepared(), _claim(devices=[OTHER_ENTRY, ours]))
+        writer.unprepared(_prepared())
+    await asyncio.wait_for(writer.idle(), 10)
+    assert api.gets == 0
+    assert [body["status"] for _, body, _, _ in api.applies] == [{"devices": []}]
+    assert api.claim is not None
+    assert api.claim["status"]["devices"] == [OTHER_ENTRY]
+
+
+class _AnswerLost(FakeClaims):
+    """An apply that lands but whose answer never arrives (a timeout on the way back)."""
+
+    def __init__(self, claim: dict[str, Any]) -> None:
+        super().__init__(claim)
+        self.lost = 1
+
+    async def apply(
+        self, path: str, body: Mapping[str, Any], *, field_manager: str, force: bool = False
+    ) -> dict[str, Any]:
+        answer = await super().apply(path, body, field_manager=field_manager, force=force)
+        if self.lost:
+            self.lost -= 1
+            raise TimeoutError("no answer")
+        return answer
+
+
+async def test_after_a_write_of_unknown_fate_the_unprepare_removes_what_it_may_have_set() -> None:
+    """A failure's apply landed without an answer; while its retry waits the kubelet
+    prepares again (its read taken before the apply landed) and unprepares: the claim the
+    prepare read no longer says what is stored, so the unprepare's removal is sent."""
+    api = _AnswerLost(_claim(devices=[OTHER_ENTRY]))
+    before = _claim(devices=[OTHER_ENTRY])
+    registry = CollectorRegistry()
+    writer = ClaimStatusWriter(
+        api, driver=DRIVER, scrub=str, registry=registry, retry_base=0.2, retry_cap=0.2
+    )
+    writer.failed(_prepared(), "Thunder mint failed: refused", ErrorReason.THUNDER_MINT)
+    await until(lambda: _count(registry, "error") == 1)
+    assert api.claim is not None
+    assert len(api.claim["status"]["devices"]) == 3  # it landed
+    writer.prepared(_prepared(), before)
+    writer.unprepared(_prepared())
+    await asyncio.wait_for(writer.idle(), 10)
+    assert api.gets == 1  # the failure's write read the claim
+    assert api.applies[-1][1]["status"] == {"devices": []}
+    assert api.claim["status"]["devices"] == [OTHER_ENTRY]
 
 
 async def test_under_calls_that_never_pause_an_outcome_is_written_all_the_same() -> None:

@@ -24,7 +24,9 @@ the API server refuses to change, so it never lands on a claim re-created under 
 name. What the write knows of the claim comes from one of three places:
 
 - a fresh prepare hands over the claim it read moments before: the entries are made from
-  its allocation and written at once;
+  its allocation and written at once; an unprepare that replaces that outcome before it
+  was written keeps the claim read, and costs no request at all when it holds none of
+  this driver's entries and this writer has set none since (no write of unknown fate);
 - an unprepare of a claim whose entries this writer set needs nothing of the claim: the
   apply removes them; and a repeated prepare whose entries this writer set (the
   kubelet's prepare of a claim enrolled before binding) costs no request at all;
@@ -35,8 +37,8 @@ name. What the write knows of the claim comes from one of three places:
 Writes give way to the calls something waits on (:class:`thunder_dra.plugin.state.locks.CallLull`,
 shared with the kubelet handler): an outcome is written once no call has been in flight
 for a short lull, or at the latest the lull's longest deferral after it was handed over.
-So a claim unprepared within that time usually costs one read instead of two writes (its
-entries were never set). The outcome of a prepare made before binding does not wait: the
+So a claim unprepared within that time usually costs no request instead of two writes
+(its entries were never set). The outcome of a prepare made before binding does not wait: the
 scheduler waits for its ``Enrolled`` or ``EnrollmentFailed`` condition.
 
 A condition keeps its ``lastTransitionTime`` while its status stays. A failed write is
@@ -372,6 +374,9 @@ class ClaimStatusWriter:
         # unprepare removes them, and the same outcome again leaves them, without reading
         # the claim first.
         self._holding: dict[str, Outcome] = {}
+        # Claims with an apply sent whose fate is unknown (under way, or failed: it may have
+        # landed): what is stored is known again only from an answer or a read.
+        self._unsure: set[str] = set()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         # The claims' tasks that wait for a pause in the calls (no request under way).
         self._deferred: dict[str, asyncio.Task[None] | None] = {}
@@ -416,6 +421,8 @@ class ClaimStatusWriter:
         urgent: bool = False,
     ) -> None:
         replaced = self._pending.get(ref.uid)
+        if read is None and outcome.ready is None and replaced is not None:
+            read = replaced.read  # the prepare's claim read says which entries there were
         self._pending[ref.uid] = _Pending(
             ClaimTarget(ref.namespace, ref.name, ref.uid),
             outcome,
@@ -505,6 +512,16 @@ class ClaimStatusWriter:
         claim as a fresh prepare read it."""
         held = self._holding.get(target.uid)
         if read is not None and (read.get("metadata") or {}).get("uid") == target.uid:
+            if (
+                outcome.ready is None
+                and held is None
+                and target.uid not in self._unsure
+                and not current_entries(read, self._driver)
+            ):
+                # The claim as the prepare read it holds none of this driver's entries, and
+                # no write of this writer since can have set any: nothing to remove.
+                self.writes.labels("unchanged").inc()
+                return
             desired = desired_entries(read, self._driver, outcome, self._clock())
         elif held is not None and outcome.ready is None:
             desired = []
@@ -537,6 +554,7 @@ class ClaimStatusWriter:
         current = current_entries(claim, self._driver)
         desired = desired_entries(claim, self._driver, outcome, self._clock())
         if unchanged(current, desired):
+            self._unsure.discard(target.uid)
             self._hold(target.uid, outcome, desired)
             self.writes.labels("unchanged").inc()
             return
@@ -546,6 +564,7 @@ class ClaimStatusWriter:
         self, target: ClaimTarget, outcome: Outcome, desired: Sequence[Mapping[str, Any]]
     ) -> None:
         body = apply_body(target.namespace, target.name, target.uid, desired)
+        self._unsure.add(target.uid)
         try:
             await self._kube.apply(
                 RESOURCE_CLAIMS.item(target.name, target.namespace, "status"),
@@ -556,6 +575,7 @@ class ClaimStatusWriter:
         except kube_errors.NotFound:
             self._gone(target)
             return
+        self._unsure.discard(target.uid)
         self._hold(target.uid, outcome, desired)
         self.writes.labels("written").inc()
         log.info(
@@ -577,4 +597,5 @@ class ClaimStatusWriter:
 
     def _gone(self, target: ClaimTarget) -> None:
         self._holding.pop(target.uid, None)
+        self._unsure.discard(target.uid)
         self.writes.labels("gone").inc()
