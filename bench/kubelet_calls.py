@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes import client, config
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.daemon_prepare import DRIVER, GROUP_RESOURCE, Claim, Environment, cpu_ticks
 from bench.docsection import command_line
@@ -276,6 +277,31 @@ class ClaimsReader:
         }
 
 
+COUNTED_RESOURCES = frozenset({"resourceclaims", CLIENTS.plural})
+"""The objects whose requests a case counts: the claims and the daemon's records."""
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE"})
+
+
+def api_request_counts(metrics: str) -> dict[str, int]:
+    """Reads (GET) and writes of :data:`COUNTED_RESOURCES` so far, from the API server's
+    ``/metrics`` text (``apiserver_request_total``); lists and watches are not counted."""
+    counts = {"reads": 0, "writes": 0}
+    for family in text_string_to_metric_families(metrics):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            if sample.name != "apiserver_request_total":
+                continue
+            if sample.labels.get("resource") not in COUNTED_RESOURCES:
+                continue
+            verb = sample.labels.get("verb", "")
+            if verb == "GET":
+                counts["reads"] += int(sample.value)
+            elif verb in WRITE_VERBS:
+                counts["writes"] += int(sample.value)
+    return counts
+
+
 class Leftovers(ClaimsReader):
     """What a daemon still does for the claims after drabench has its answers: the claim
     status writes and the `Client` records' removal. A case starts once the one before
@@ -288,6 +314,15 @@ class Leftovers(ClaimsReader):
         )
         entries = [item for item in self.read().values() if _driver_entries(item)]
         return len(entries) + len(records["items"])
+
+    def api_requests(self) -> dict[str, int]:
+        """The API server's count of requests of claims and records so far."""
+        request: Any = self._api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+        answer: Any = self._api.call_api(*request)
+        answer.read()
+        if answer.status != 200:
+            raise SystemExit(f"reading the API server's /metrics: HTTP {answer.status}")
+        return api_request_counts(answer.data.decode())
 
     def wait_none(self, after: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -506,12 +541,18 @@ def run_cases(
             for turn, plugin in in_turns(list(plugins), rounds):
                 registry, pid = plugins[plugin]
                 name = f"{plugin}-{in_flight}-{turn + 1}"
+                requests = leftovers.api_requests()
                 raw = drive(drabench, env, registry, pid, pods, in_flight, name, run_ms=run_ms)
                 watched = {"plugin": pid, "kube-apiserver": env.cluster.pids["kube-apiserver"]}
                 ticks = {label: cpu_ticks(p) for label, p in watched.items()}
                 leftovers.wait_none(name)
                 for label, p in watched.items():
                     raw["cpu_ticks"][label] += cpu_ticks(p) - ticks[label]
+                counted = leftovers.api_requests()
+                raw["api_requests"] = {
+                    "claims": len(raw["prepare_s"]) + WARMUP,
+                    **{kind: counted[kind] - requests[kind] for kind in requests},
+                }
                 runs[plugin].append(raw)
                 print(f"{plugin}, {in_flight} in flight, round {turn + 1}: done", file=sys.stderr)
             cases += [parse_rounds(plugin, runs[plugin], clock_ticks) for plugin in plugins]

@@ -36,6 +36,15 @@ BINDING_PLUGINS = (BEFORE_BINDING, OURS_BINDING)
 TARGET_PREPARE_RATIO = 2.5
 TARGET_UNPREPARE_RATIO = 3.0
 TARGET_BINDING_RATIO = 1.5
+API_REQUEST_KINDS = ("reads", "writes")
+REQUESTS_NOTE = (
+    " Kubernetes requests per claim are the API server's own count"
+    " (`apiserver_request_total`) of requests for ResourceClaims and `Client` records from"
+    " every process (the kubelet's DRA code, the plugin), from before drabench's run to the"
+    " end of the daemon's work after it, over the claims cycled (the timed ones and the"
+    " warm-up's): reads are GETs, writes are creates, updates, patches, applies and deletes;"
+    " the benchmark's own lists while it waits are not counted."
+)
 PREPARE_METHOD = "NodePrepareResources"
 UNPREPARE_METHOD = "NodeUnprepareResources"
 
@@ -55,6 +64,9 @@ class Case:
     """The kubelet's gRPC metric: mean milliseconds per call, by method."""
     round_p50_ms: tuple[tuple[float, float], ...] = ()
     """For a case run in rounds: each round's prepare and unprepare p50, in ms."""
+    api_requests: dict[str, float] | None = None
+    """The API server's requests of ResourceClaims and `Client` records per claim, from
+    every process: "reads" (GET), "writes" (create, update, patch, apply, delete)."""
 
     @property
     def calls(self) -> int:
@@ -78,6 +90,10 @@ def parse_case(plugin: str, raw: dict[str, Any], clock_ticks: int) -> Case:
         if totals["count"]
     }
     in_flight = raw["in_flight"]
+    counted = raw.get("api_requests")
+    requests = None
+    if counted is not None and counted["claims"]:
+        requests = {kind: counted[kind] / counted["claims"] for kind in API_REQUEST_KINDS}
     return Case(
         plugin=plugin,
         in_flight=in_flight,
@@ -86,6 +102,7 @@ def parse_case(plugin: str, raw: dict[str, Any], clock_ticks: int) -> Case:
         wall_s=raw["wall_s"],
         cpu_ms=cpu,
         grpc_ms=grpc,
+        api_requests=requests,
     )
 
 
@@ -98,6 +115,12 @@ def merge_runs(raws: Sequence[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError("drabench results of different numbers in flight")
     methods = sorted({m for raw in raws for m in raw["grpc"]})
     labels = sorted({label for raw in raws for label in raw["cpu_ticks"]})
+    counted = [raw["api_requests"] for raw in raws if "api_requests" in raw]
+    requests = {}
+    if len(counted) == len(raws):
+        requests["api_requests"] = {
+            kind: sum(each[kind] for each in counted) for kind in ("claims", *API_REQUEST_KINDS)
+        }
     return {
         "in_flight": raws[0]["in_flight"],
         "prepare_s": [x for raw in raws for x in raw["prepare_s"]],
@@ -113,6 +136,7 @@ def merge_runs(raws: Sequence[dict[str, Any]]) -> dict[str, Any]:
             }
             for m in methods
         },
+        **requests,
     }
 
 
@@ -298,6 +322,17 @@ def render(
         per_case("kube-apiserver CPU per claim, ms", lambda c: f"{c.cpu_ms['kube-apiserver']:.1f}"),
         per_case("kubelet DRA code CPU per claim, ms", lambda c: f"{c.cpu_ms['kubelet']:.1f}"),
     ]
+    if any(c.api_requests is not None for c in cases):
+        per_claim.append(
+            per_case(
+                "Kubernetes requests per claim, reads / writes",
+                lambda c: (
+                    "-"
+                    if c.api_requests is None
+                    else f"{c.api_requests['reads']:.1f} / {c.api_requests['writes']:.1f}"
+                ),
+            )
+        )
     rounds = max(len(c.round_p50_ms) for c in cases)
     if rounds > 1:
 
@@ -494,7 +529,8 @@ def render(
             "rest being the kubelet's own work (the claim read on prepare, the checkpoint "
             "on both). CPU per claim is a "
             "prepare plus an unprepare, from /proc/<pid>/stat over the timed calls and, for "
-            "a daemon, the work left after its last answer.",
+            "a daemon, the work left after its last answer."
+            + (REQUESTS_NOTE if any(c.api_requests is not None for c in cases) else ""),
             "",
             "Ratios, ours over floor:",
             "",

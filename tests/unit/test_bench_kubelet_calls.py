@@ -3,7 +3,8 @@ from drabench's JSON become the right percentiles, ratios, CPU per claim and ver
 the section lands after the daemon's, replacing itself on the next run. With a baseline
 the earlier commit's daemon ("before") stands beside ours; the enrollment-before-binding
 cases get their row and their verdict against the target; a run in rounds pools each
-case's rounds and shows each round's p50; the bench recognises a claim whose binding
+case's rounds and shows each round's p50; the API server's requests of claims and
+records are counted per claim; the bench recognises a claim whose binding
 fields the API server dropped and one the daemon has enrolled."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 from bench.docsection import INTRO
 from bench.kubelet_calls import (
+    api_request_counts,
     binding_allocation,
     dropped_binding_fields,
     enrollment,
@@ -436,3 +438,73 @@ def test_a_run_in_rounds_says_so_and_gives_each_rounds_p50() -> None:
     single = render(_with_before(), MACHINE, "cmd", baseline=BASELINE)
     assert "of each round" not in single
     assert "alternating: before with 1 in flight, ours with 1 in flight" in single
+
+
+def _request_line(group: str, resource: str, verb: str, count: int, sub: str = "") -> str:
+    labels = {
+        "code": "200",
+        "component": "apiserver",
+        "group": group,
+        "resource": resource,
+        "subresource": sub,
+        "verb": verb,
+        "version": "v1",
+    }
+    text = ",".join(f'{name}="{value}"' for name, value in labels.items())
+    return f"apiserver_request_total{{{text}}} {count}"
+
+
+METRICS = "\n".join(
+    [
+        "# HELP apiserver_request_total [STABLE] Counter of apiserver requests.",
+        "# TYPE apiserver_request_total counter",
+        _request_line("resource.k8s.io", "resourceclaims", "GET", 7),
+        _request_line("resource.k8s.io", "resourceclaims", "GET", 1).replace("200", "404"),
+        _request_line("resource.k8s.io", "resourceclaims", "APPLY", 2, sub="status"),
+        _request_line("resource.k8s.io", "resourceclaims", "LIST", 40),
+        _request_line("resource.k8s.io", "resourceclaims", "WATCH", 3),
+        _request_line("thundercompute.com", "clients", "POST", 5),
+        _request_line("thundercompute.com", "clients", "DELETE", 4),
+        _request_line("thundercompute.com", "clients", "PATCH", 4),
+        _request_line("", "pods", "GET", 9),
+        _request_line("", "events", "POST", 6),
+        "# HELP apiserver_request_duration_seconds [STABLE] Response latency.",
+        "# TYPE apiserver_request_duration_seconds histogram",
+        _request_line("resource.k8s.io", "resourceclaims", "GET", 8).replace(
+            "apiserver_request_total", "apiserver_request_duration_seconds_count"
+        ),
+        "",
+    ]
+)
+
+
+def test_requests_of_claims_and_records_are_reads_and_writes_lists_and_others_left_out() -> None:
+    assert api_request_counts(METRICS) == {"reads": 8, "writes": 15}
+    assert api_request_counts("") == {"reads": 0, "writes": 0}
+
+
+def test_requests_per_claim_pool_the_rounds_and_show_beside_the_cpu() -> None:
+    def counted(raw: dict[str, Any], claims: int, reads: int, writes: int) -> dict[str, Any]:
+        return {**raw, "api_requests": {"claims": claims, "reads": reads, "writes": writes}}
+
+    first = counted(_raw(1, 40.0, 10.0, calls=50), 52, 104, 156)
+    second = counted(_raw(1, 60.0, 30.0, calls=50), 52, 156, 156)
+    case = parse_rounds(OURS, [first, second], clock_ticks=100)
+    assert case.api_requests == {"reads": 2.5, "writes": 3.0}
+    # A round without a count (a run of an older benchmark) leaves the case without one.
+    assert parse_rounds(OURS, [first, _raw(1, 60.0, 30.0, calls=50)], 100).api_requests is None
+
+    ours_1, floor_1, ours_20, floor_20 = _cases()
+    cases = [
+        dataclasses.replace(ours_1, api_requests={"reads": 2.0, "writes": 3.0}),
+        dataclasses.replace(floor_1, api_requests={"reads": 2.0, "writes": 0.0}),
+        ours_20,
+        floor_20,
+    ]
+    text = render(cases, MACHINE, "python -m bench.kubelet_calls")
+    (row,) = [line for line in text.splitlines() if line.startswith("| Kubernetes requests")]
+    assert row == (
+        "| Kubernetes requests per claim, reads / writes | 2.0 / 3.0 | 2.0 / 0.0 | - | - |"
+    )
+    assert "`apiserver_request_total`" in text
+    assert "Kubernetes requests" not in render(_cases(), MACHINE, "python -m bench.kubelet_calls")
