@@ -2,9 +2,11 @@
 
 httpx's own transport (httpcore) spends several milliseconds of CPU per request in
 pure Python; an inventory pass makes one request per zone and endpoint (1,501 for 500
-zones). aiohttp parses HTTP in C, so `AiohttpTransport` under the same
-`httpx.AsyncClient` keeps everything `Wire` relies on (request building, headers,
-timeouts, streaming reads, httpx's exceptions) at a fraction of the cost.
+zones). aiohttp parses HTTP in C, so `AiohttpTransport` takes httpx's requests and gives
+httpx's responses and exceptions, everything `Wire` relies on (request building,
+timeouts, streaming and decoded reads), at a fraction of the cost. `Wire` hands it each
+request itself, without httpx's client layer (cookies, redirects, default headers) in
+between; the default transport of every `ThunderClient`.
 
 What maps to what:
 

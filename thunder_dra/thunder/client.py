@@ -12,6 +12,7 @@ import httpx
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
+from thunder_dra.thunder.aiotransport import AiohttpTransport
 from thunder_dra.thunder.claims import JwtClaimsError, decode_jwt_claims
 from thunder_dra.thunder.errors import (
     Conflict,
@@ -80,8 +81,8 @@ def normalize_base_url(url: str) -> str:
 class ThunderClient:
     """Typed access to every endpoint of the contract, with its retry and error rules.
 
-    Pass ``http`` (an ``httpx.AsyncClient`` the caller owns and closes) or ``transport``
-    (wrapped in a client this object owns); ``clock`` and ``rng`` make retries testable;
+    ``transport`` (default: an :class:`AiohttpTransport`) carries every request and is
+    closed with this object; ``clock`` and ``rng`` make retries testable;
     ``registry`` keeps metrics of separate clients apart; ``tracer_provider`` defaults to
     the global one.
 
@@ -96,7 +97,6 @@ class ThunderClient:
         api_token: Secret | str,
         component: str,
         base_url: str = DEFAULT_API_URL,
-        http: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         connect_timeout: float | None = None,
@@ -108,22 +108,19 @@ class ThunderClient:
         registry: CollectorRegistry | None = None,
         tracer_provider: TracerProvider | None = None,
     ) -> None:
-        if http is not None and transport is not None:
-            raise ValueError("pass either http or transport, not both")
         token = Secret.of(api_token).stripped()
         if not token:
             raise ValueError("the Thunder API token is empty")
         self._api_token = token
         self.base_url = normalize_base_url(base_url)
-        self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(transport=transport, follow_redirects=False)
+        self._transport = transport if transport is not None else AiohttpTransport()
         self._retry = retry
         self._exchange_retry = exchange_retry
         self._clock: Clock = clock or SystemClock()
         self._rng = rng or random.Random()  # noqa: S311 - backoff jitter
         self._metrics = metrics_for(registry)
         self._wire = Wire(
-            http=self._http,
+            transport=self._transport,
             base_url=self.base_url,
             user_agent=user_agent(component),
             timeout=httpx.Timeout(timeout, connect=connect_timeout or timeout),
@@ -137,8 +134,7 @@ class ThunderClient:
         return f"ThunderClient(base_url={self.base_url!r})"
 
     async def aclose(self) -> None:
-        if self._owns_http:
-            await self._http.aclose()
+        await self._transport.aclose()
 
     async def __aenter__(self) -> ThunderClient:
         return self

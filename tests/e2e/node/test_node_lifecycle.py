@@ -26,7 +26,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -50,6 +49,7 @@ from hack.testbed.daemon import claim_template
 from tests.e2e.node.conftest import pod_logs, stock_pod
 from thunder_dra.kube.provenance import ANNOTATION, ProvenanceKey
 from thunder_dra.thunder import Secret, ThunderClient
+from thunder_dra.thunder.aiotransport import AiohttpTransport
 
 GPU = "thundercompute.com/gpu-a6000"
 CLASS = "thunder-gpu-a6000"
@@ -249,16 +249,13 @@ def _ca_context(install: Install) -> ssl.SSLContext:
 
 
 async def _enroll(install: Install, zone_id: str) -> tuple[str, str]:
-    async with (
-        httpx.AsyncClient(verify=_ca_context(install)) as http,
-        ThunderClient(
-            api_token=API_TOKEN,
-            component="daemon",
-            base_url=install.fake.base_url,
-            http=http,
-            registry=CollectorRegistry(),
-        ) as thunder,
-    ):
+    async with ThunderClient(
+        api_token=API_TOKEN,
+        component="daemon",
+        base_url=install.fake.base_url,
+        transport=AiohttpTransport(verify=_ca_context(install)),
+        registry=CollectorRegistry(),
+    ) as thunder:
         minted = await thunder.mint_client_token(zone_id, "A6000", 1)
         exchanged = await thunder.exchange(minted.enrollment_token, "pod-on-a-lost-claim")
         return minted.enrollment_token_id, exchanged.claims.client_id

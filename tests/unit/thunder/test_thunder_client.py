@@ -18,6 +18,7 @@ from thunder_dra.thunder import (
     Forbidden,
     RetryPolicy,
     Secret,
+    ThunderAPIError,
     ThunderClient,
     ThunderResponseError,
 )
@@ -52,6 +53,24 @@ async def test_headers_auth_and_user_agent(make_client: MakeClient) -> None:
     assert request.headers["user-agent"] == user_agent("operator")
     assert "content-type" not in request.headers
     assert str(request.url) == "https://thunder.test/api/v1/zones"
+
+
+async def test_the_answer_sets_no_state_and_moves_no_request(make_client: MakeClient) -> None:
+    """Each request carries exactly what the client sets: a cookie Thunder (or anything
+    in the middle) sets is not sent back, and a redirect is an error, never followed."""
+    client, recorder = make_client(
+        sequence(
+            respond(200, {"zones": []}, headers={"set-cookie": "session=abc; Path=/"}),
+            respond(200, {"zones": []}),
+            respond(307, b"", headers={"location": "https://elsewhere.test/api/v1/zones"}),
+        )
+    )
+    await client.list_zones()
+    await client.list_zones()
+    assert "cookie" not in recorder.last.headers
+    with pytest.raises(ThunderAPIError):
+        await client.list_zones()
+    assert {str(r.url) for r in recorder.requests} == {"https://thunder.test/api/v1/zones"}
 
 
 async def test_bodies_are_json_with_content_type(make_client: MakeClient) -> None:
