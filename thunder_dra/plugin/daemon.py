@@ -246,9 +246,9 @@ class Daemon:
             ),
             registry=self.metrics.registry,
             tracer_provider=tracer_provider,
-            # aiohttp under httpx: httpcore cost more CPU per claim than the rest of the
-            # daemon's Thunder path. One connection per claim slot, and a few for node
-            # enrollment, the sweep and repairs.
+            # aiohttp, not httpx's own transport: httpcore cost more CPU per claim than the
+            # rest of the daemon's Thunder path. One connection per claim slot, and a few for
+            # node enrollment, the sweep and repairs.
             transport=AiohttpTransport(pool_size=cfg.claim_concurrency + THUNDER_SPARE_CONNECTIONS),
         )
         self._closers.append(thunder.aclose)
