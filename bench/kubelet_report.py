@@ -322,7 +322,8 @@ def render(
         per_case("kube-apiserver CPU per claim, ms", lambda c: f"{c.cpu_ms['kube-apiserver']:.1f}"),
         per_case("kubelet DRA code CPU per claim, ms", lambda c: f"{c.cpu_ms['kubelet']:.1f}"),
     ]
-    if any(c.api_requests is not None for c in cases):
+    counted_requests = any(c.api_requests is not None for c in cases)
+    if counted_requests:
         per_claim.append(
             per_case(
                 "Kubernetes requests per claim, reads / writes",
@@ -530,7 +531,7 @@ def render(
             "on both). CPU per claim is a "
             "prepare plus an unprepare, from /proc/<pid>/stat over the timed calls and, for "
             "a daemon, the work left after its last answer."
-            + (REQUESTS_NOTE if any(c.api_requests is not None for c in cases) else ""),
+            + (REQUESTS_NOTE if counted_requests else ""),
             "",
             "Ratios, ours over floor:",
             "",
