@@ -166,7 +166,13 @@ class Daemon:
                 kube, service, claims.checkpoint, driver=cfg.driver_name, node_name=node.name
             )
             self._tasks.append(asyncio.create_task(watcher.run(), name="enroll-before-binding"))
-        log.info("daemon ready to serve", extra={"instance": cfg.instance_id})
+        log.info(
+            "daemon ready to serve",
+            extra={
+                "instance": cfg.instance_id,
+                "event_loop": type(asyncio.get_running_loop()).__module__.partition(".")[0],
+            },
+        )
         return server, health, service
 
     async def _open_kube(self) -> KubeClient:

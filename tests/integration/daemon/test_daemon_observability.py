@@ -49,6 +49,9 @@ def test_logs_spans_and_probes_of_a_prepared_claim(
 
     records = node.daemon.log_records()
     assert records
+    # The process runs on uvloop's event loop (docs/daemon.md, "Start-up").
+    ready = [r for r in records if r["message"] == "daemon ready to serve"]
+    assert [r.get("event_loop") for r in ready] == ["uvloop"], ready
     for record in records:
         assert list(record)[:4] == ["time", "level", "logger", "message"], record
         assert "msg" not in record
