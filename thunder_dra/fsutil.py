@@ -9,7 +9,9 @@ reads ``*.json``/``*.yaml`` and the kubelet's plugin watcher skips dot files, so
 consumer ever picks up a half-written file.
 
 The synchronous functions do blocking I/O; async code calls the ``*_async`` wrappers,
-which run them in a worker thread.
+which run them in a worker thread. The one exception is an unlink without the directory
+fsync (``remove_if_exists(durable=False)``), a single quick system call that an
+unprepare makes on the event loop and makes durable later with :func:`fsync_dirs`.
 """
 
 from __future__ import annotations
@@ -71,14 +73,28 @@ def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o644) -> None:
     fsync_dir(path.parent)
 
 
-def remove_if_exists(path: Path) -> bool:
-    """Delete file ``path`` durably; a missing file is not an error. True if it existed."""
+def remove_if_exists(path: Path, *, durable: bool = True) -> bool:
+    """Delete file ``path`` durably; a missing file is not an error. True if it existed.
+
+    ``durable=False`` leaves out the directory fsync: the removal is visible at once but
+    may come back after a power loss until the caller makes the directory durable
+    (:func:`fsync_dirs`) before it relies on it."""
     try:
         path.unlink()
     except FileNotFoundError:
         return False
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
     return True
+
+
+def fsync_dirs(*paths: Path) -> None:
+    """:func:`fsync_dir` each of ``paths`` that exists."""
+    for path in paths:
+        try:
+            fsync_dir(path)
+        except FileNotFoundError:
+            continue
 
 
 def ensure_dir(path: Path, mode: int = 0o700) -> None:
@@ -123,6 +139,11 @@ async def write_atomic_async(path: Path, data: bytes | str, *, mode: int = 0o644
 async def remove_if_exists_async(path: Path) -> bool:
     """:func:`remove_if_exists` off the event loop."""
     return await asyncio.to_thread(remove_if_exists, path)
+
+
+async def fsync_dirs_async(*paths: Path) -> None:
+    """:func:`fsync_dirs` off the event loop."""
+    await asyncio.to_thread(fsync_dirs, *paths)
 
 
 async def ensure_dir_async(path: Path, mode: int = 0o700) -> None:

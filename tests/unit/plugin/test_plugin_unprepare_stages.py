@@ -13,6 +13,7 @@ import pytest
 
 from tests.unit.plugin.fakes import CrashAt, Crashed, Meeting, until
 from tests.unit.plugin.lifecycle_node import NAMESPACE, Daemon, World
+from thunder_dra import fsutil
 from thunder_dra.api import ClaimReference
 from thunder_dra.plugin.kubelet import handler
 from thunder_dra.plugin.state.checkpoint import ClaimState, PreparedClaim
@@ -38,6 +39,38 @@ async def test_the_two_revocations_and_the_file_removal_run_at_once(
     monkeypatch.setattr(cdi, "remove", meeting.wrap("cdi", cdi.remove))
     assert await daemon.unprepare(ref) == {ref.uid: ""}
     assert sorted(meeting.started) == ["cdi", "revoke", "unenroll"]
+    world.assert_clean()
+    await daemon.stop()
+
+
+async def test_the_removals_are_made_durable_after_the_answer_before_the_entry_goes(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    assert isinstance((await daemon.prepare(ref))[ref.uid], PreparedClaim)
+    cdi_dir = daemon.preparer.d.cdi.cdi_dir
+    claims_dir = daemon.preparer.d.config.claim_layout.claims_dir
+    checkpoint = daemon.preparer.d.checkpoint.path
+    synced: list[Path] = []
+    real_fsync_dir = fsutil.fsync_dir
+
+    def recording(path: Path) -> None:
+        real_fsync_dir(path)
+        synced.append(path)
+
+    monkeypatch.setattr(fsutil, "fsync_dir", recording)
+    # The kubelet's call alone, not the work its answer leaves running.
+    assert await daemon.service.unprepare([ref]) == {ref.uid: ""}
+    # In the kubelet's wait: the files are gone, and the only directory made durable is
+    # the checkpoint's (the entry marked).
+    assert not (claims_dir / ref.uid).exists()
+    assert not daemon.preparer.d.cdi.path_for(ref.uid).exists()
+    assert synced == [checkpoint.parent]
+    assert world.checkpoint_claims()[ref.uid]["state"] == ClaimState.UNPREPARING.value
+    await daemon.service.drain()
+    # After the answer: both directories, and only then the checkpoint without the entry.
+    assert synced == [checkpoint.parent, cdi_dir, claims_dir, checkpoint.parent]
     world.assert_clean()
     await daemon.stop()
 

@@ -5,9 +5,13 @@ unprepare knows the files and the enrollment are no longer to be trusted), then,
 stages whose steps are independent and run at once:
 
 1. unenroll the token and decommission the client (thunder-api.md 2.7, 2.8), and delete
-   the CDI spec, the claim's directory and a VM's Secret;
+   the CDI spec, the claim's directory and a VM's Secret (the files are unlinked while the
+   revocations are in flight, without the directories' fsyncs);
 2. delete the ``Client`` record, the last trace of the claim outside the checkpoint (a
-   lost checkpoint is rebuilt from the records), and drop the entry last.
+   lost checkpoint is rebuilt from the records), fsync the two directories, so the
+   removals survive a power loss, and drop the entry last. Until the drop, the entry
+   is marked, so a restart after a power loss that brought a removed file back removes
+   it again.
 
 A stage starts only when the one before it completed; a failed step fails the claim
 after its stage's other steps ran (so a file that cannot be removed never keeps the
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import logging
 
+from thunder_dra import fsutil
 from thunder_dra.api import ConsumerKind
 from thunder_dra.plugin.claims.records import Records
 from thunder_dra.plugin.claims.rollback import Undo
@@ -84,9 +89,12 @@ class Unpreparer:
         steps: list[Step] = [
             (self._unenroll(prepared.enrollment_token_id), "unprepare:token-revoked"),
             (self._revoke_client(prepared.client_id), "unprepare:client-revoked"),
-            (self._undo.cdi.remove(prepared.uid), "unprepare:cdi-removed"),
+            # Removed while the revocations are in flight, on the event loop and without
+            # the directories' fsyncs: stage 2 makes them durable before it drops the
+            # entry, and until then the entry, marked, has a restart remove them again.
+            (self._undo.cdi.remove(prepared.uid, durable=False), "unprepare:cdi-removed"),
             (
-                remove_claim_dir(self._undo.layout.directory(prepared.uid)),
+                remove_claim_dir(self._undo.layout.directory(prepared.uid), durable=False),
                 "unprepare:claim-dir-removed",
             ),
         ]
@@ -105,9 +113,11 @@ class Unpreparer:
         return prepared
 
     async def forget(self, prepared: PreparedClaim) -> None:
-        """Stage 2 of a released claim (:meth:`release`): its record, then its entry."""
+        """Stage 2 of a released claim (:meth:`release`): its record, then its entry,
+        once the removals of stage 1 are durable."""
         await self._records.delete_client(prepared.namespace, prepared.uid)
         self._crash.reached("unprepare:client-removed")
+        await fsutil.fsync_dirs_async(self._undo.cdi.cdi_dir, self._undo.layout.claims_dir)
         await self._checkpoint.drop(prepared.uid)
         self._crash.reached("unprepare:checkpoint-dropped")
         log.info(

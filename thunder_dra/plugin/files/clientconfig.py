@@ -161,17 +161,24 @@ async def read_client_config(directory: Path) -> ClientConfig:
         raise ClientConfigError(f"{directory / CONFIG_FILE_NAME}: {_fields(err)}") from None
 
 
-def _remove_dir_sync(directory: Path) -> bool:
+def _remove_dir_sync(directory: Path, durable: bool = True) -> bool:
     if not directory.exists():
         return False
     shutil.rmtree(directory)
-    fsutil.fsync_dir(directory.parent)
+    if durable:
+        fsutil.fsync_dir(directory.parent)
     return True
 
 
-async def remove_claim_dir(directory: Path) -> bool:
-    """Delete the claim's directory and its files; a missing one is done already."""
+async def remove_claim_dir(directory: Path, *, durable: bool = True) -> bool:
+    """Delete the claim's directory and its files; a missing one is done already.
+
+    ``durable=False``: on the event loop (a few unlinks of the claim's own files, cheaper
+    than a thread hand-off), without the fsync of the parent directory; the caller fsyncs
+    it before it relies on the removal surviving a power loss."""
     with _tracer.start_as_current_span(
         "thunder_dra.claim_dir.remove", attributes={"file.path": str(directory)}
     ):
+        if not durable:
+            return _remove_dir_sync(directory, durable=False)
         return await asyncio.to_thread(_remove_dir_sync, directory)
