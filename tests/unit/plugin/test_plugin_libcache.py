@@ -59,6 +59,20 @@ async def test_concurrent_claims_share_one_download(tmp_path: Path) -> None:
     assert len(fetch.calls) == 1
 
 
+async def test_a_verified_cached_file_is_found_without_a_thread_hand_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = libcache.LibthunderCache(tmp_path, FakeFetch())
+    await cache.ensure(DIGEST, URL)
+
+    async def no_thread(*args: object) -> None:
+        raise AssertionError(f"handed to a thread: {args}")
+
+    # Every prepare asks for the library: a stat on the loop, not a worker's.
+    monkeypatch.setattr(asyncio, "to_thread", no_thread)
+    assert await cache.ensure(DIGEST, URL) == cache.path_for(DIGEST)
+
+
 async def test_a_restarted_daemon_reuses_the_cached_file(tmp_path: Path) -> None:
     await libcache.LibthunderCache(tmp_path, FakeFetch()).ensure(DIGEST, URL)
     fetch = FakeFetch()

@@ -103,7 +103,8 @@ class LibthunderCache:
         download is retried by the next call, not by the ones already waiting.
         """
         path = self.path_for(digest)
-        if digest in self._verified and await asyncio.to_thread(path.is_file):
+        # One stat of a local file, on the loop: a thread hand-off would cost more.
+        if digest in self._verified and path.is_file():
             return path
         shared = self._inflight.get(digest)
         if shared is None:
