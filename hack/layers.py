@@ -8,7 +8,7 @@
 # - the subpackages of thunder_dra/controllers/ or thunder_dra/plugin/ (and the modules
 #   at their root) import each other in a circle, even when no module circle follows;
 # - a module of a lower layer imports one of a higher layer. Bottom up: `fsutil`,
-#   `version`, `backoff`, `proto_gen`; `api`, `thunder`; `kube`, `process`; `controllers`,
+#   `version`, `backoff`, `spans`, `proto_gen`; `api`, `thunder`; `kube`, `process`; `controllers`,
 #   `webhooks`, `plugin`. Inside the daemon: `metrics`, `errors`; `state`; `files`;
 #   `config`; `node`; `claims`; `kubelet`; `daemon` and `__main__`. Inside the operator:
 #   `shared`; `inventory`, `workload`, `reaper`; `process` and `__main__`;
@@ -44,7 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # layers' packages, never a higher layer's. The root module `thunder_dra` (its
 # `__init__`, which re-exports the version) sits at the bottom with `version`.
 PACKAGE_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("", "fsutil", "version", "backoff", "proto_gen"),
+    ("", "fsutil", "version", "backoff", "spans", "proto_gen"),
     ("api", "thunder"),
     ("kube", "process"),
     ("controllers", "webhooks", "plugin"),

@@ -47,6 +47,7 @@ from thunder_dra.kube.resources import (
     path_template,
     resource_of,
 )
+from thunder_dra.spans import step_span
 from thunder_dra.version import __version__
 
 JSON = dict[str, Any]
@@ -202,7 +203,8 @@ class KubeClient:
         if self._on_write is not None and method in _VERBS and not dry_run:
             self._on_write(resource_of(path), _VERBS[method])
         template = path_template(path)
-        with self._tracer.start_as_current_span(
+        with step_span(
+            self._tracer,
             # "kube:" tells these from the Thunder API's spans, whose paths also start /api/v1.
             f"{method} kube:{template}",
             kind=SpanKind.CLIENT,

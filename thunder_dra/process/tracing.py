@@ -1,9 +1,11 @@
 """OpenTelemetry tracing for both processes, configured by the standard `OTEL_*` variables.
 
-Spans are always made (so log lines carry `trace_id` and `span_id`); they leave the
-process only when an exporter is configured. Without one (and without
-`OTEL_TRACES_SAMPLER`), spans are not recorded: each still has its trace and span IDs,
-but its attributes, events and timings, which nobody would read, cost nothing.
+The spans of a kubelet call, a claim and a reconcile cycle are always made (so log lines
+carry `trace_id` and `span_id`); spans leave the process only when an exporter is
+configured. Without one (and without `OTEL_TRACES_SAMPLER`), spans are not recorded: each
+still has its trace and span IDs, but its attributes, events and timings, which nobody
+would read, cost nothing, and the steps beneath such a span get no span of their own
+(:mod:`thunder_dra.spans`).
 
 - `OTEL_TRACES_EXPORTER`: `none` (the default), `console` (finished spans on stderr),
   `otlp`, or a comma-separated list of these. `otlp` sends OTLP/HTTP with protobuf

@@ -8,13 +8,13 @@ secret reaches a scrape or a trace backend.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
+from thunder_dra.spans import step_span
 from thunder_dra.version import __version__
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -73,10 +73,13 @@ def tracer_for(provider: TracerProvider | None = None) -> Tracer:
     return trace.get_tracer("thunder_dra.thunder", __version__, tracer_provider=provider)
 
 
-@contextmanager
-def request_span(tracer: Tracer, method: str, endpoint: str, attempt: int) -> Iterator[Span]:
-    """A client span for one HTTP attempt; the caller sets the status code attribute."""
-    with tracer.start_as_current_span(
+def request_span(
+    tracer: Tracer, method: str, endpoint: str, attempt: int
+) -> AbstractContextManager[Span]:
+    """A client span for one HTTP attempt (:func:`thunder_dra.spans.step_span`: none of its
+    own inside a span that is not recorded); the caller sets the status code attribute."""
+    return step_span(
+        tracer,
         f"{method} {endpoint}",
         kind=SpanKind.CLIENT,
         attributes={
@@ -87,8 +90,7 @@ def request_span(tracer: Tracer, method: str, endpoint: str, attempt: int) -> It
         },
         record_exception=False,
         set_status_on_exception=False,
-    ) as span:
-        yield span
+    )
 
 
 def mark_span_status(span: Span, status: int | None, problem: str | None = None) -> None:

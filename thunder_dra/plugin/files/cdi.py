@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from thunder_dra import fsutil
 from thunder_dra.plugin.state.checkpoint import PreparedClaim
+from thunder_dra.spans import step_span
 
 CDI_VENDOR = "thundercompute.com"
 CDI_CLASS = "gpu"
@@ -275,9 +276,7 @@ class CdiSpecStore:
         if [d.name for d in spec.devices] != [expected]:
             raise CdiError(f"claim {claim_uid}: spec must hold exactly device {expected}")
         path = self.path_for(claim_uid)
-        with _tracer.start_as_current_span(
-            "thunder_dra.cdi_spec.write", attributes={"file.path": str(path)}
-        ):
+        with step_span(_tracer, "thunder_dra.cdi_spec.write", attributes={"file.path": str(path)}):
             await asyncio.to_thread(self._write_sync, path, spec.to_json())
         return path
 
@@ -299,9 +298,7 @@ class CdiSpecStore:
         without the directory fsync; the caller fsyncs :attr:`cdi_dir` before it relies
         on the removal surviving a power loss."""
         path = self.path_for(claim_uid)
-        with _tracer.start_as_current_span(
-            "thunder_dra.cdi_spec.remove", attributes={"file.path": str(path)}
-        ):
+        with step_span(_tracer, "thunder_dra.cdi_spec.remove", attributes={"file.path": str(path)}):
             if not durable:
                 return fsutil.remove_if_exists(path, durable=False)
             return await fsutil.remove_if_exists_async(path)

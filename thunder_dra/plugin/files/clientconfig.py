@@ -22,6 +22,7 @@ from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from thunder_dra import fsutil
+from thunder_dra.spans import step_span
 
 CONFIG_FILE_NAME = "config.json"
 _tracer = trace.get_tracer(__name__)
@@ -146,9 +147,7 @@ async def write_client_config(directory: Path, config: ClientConfig) -> Path:
 
     Its span names the file, never what it holds (the client's credential)."""
     path = directory / CONFIG_FILE_NAME
-    with _tracer.start_as_current_span(
-        "thunder_dra.client_config.write", attributes={"file.path": str(path)}
-    ):
+    with step_span(_tracer, "thunder_dra.client_config.write", attributes={"file.path": str(path)}):
         return await asyncio.to_thread(_write_sync, directory, config.to_json())
 
 
@@ -176,8 +175,8 @@ async def remove_claim_dir(directory: Path, *, durable: bool = True) -> bool:
     ``durable=False``: on the event loop (a few unlinks of the claim's own files, cheaper
     than a thread hand-off), without the fsync of the parent directory; the caller fsyncs
     it before it relies on the removal surviving a power loss."""
-    with _tracer.start_as_current_span(
-        "thunder_dra.claim_dir.remove", attributes={"file.path": str(directory)}
+    with step_span(
+        _tracer, "thunder_dra.claim_dir.remove", attributes={"file.path": str(directory)}
     ):
         if not durable:
             return _remove_dir_sync(directory, durable=False)

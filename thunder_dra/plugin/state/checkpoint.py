@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from thunder_dra import fsutil
+from thunder_dra.spans import step_span
 
 CHECKPOINT_VERSION = 1
 CHECKPOINT_FILE_NAME = "checkpoint.json"
@@ -415,7 +416,8 @@ class CheckpointStore:
             try:
                 # Encoded in the writer thread too: O(prepared claims), off the event
                 # loop. The snapshot is immutable (frozen models, a dict never mutated).
-                with _tracer.start_as_current_span(
+                with step_span(
+                    _tracer,
                     "thunder_dra.checkpoint.write",
                     attributes={"thunder_dra.checkpoint.claims": len(snapshot.claims)},
                 ):

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from thunder_dra import fsutil
+from thunder_dra.spans import step_span
 
 ENTRY_SUFFIX = ".json"
 _tracer = trace.get_tracer(__name__)
@@ -128,8 +129,10 @@ class MintJournal:
             claim_namespace=claim_namespace,
             claim_name=claim_name,
         )
-        with _tracer.start_as_current_span(
-            "thunder_dra.journal.begin", attributes={"thunder_dra.mint.purpose": str(purpose)}
+        with step_span(
+            _tracer,
+            "thunder_dra.journal.begin",
+            attributes={"thunder_dra.mint.purpose": str(purpose)},
         ):
             await asyncio.to_thread(self._store_sync, entry)
         return entry
@@ -152,7 +155,7 @@ class MintJournal:
         An entry known to hold a token ID needs no directory fsync, so its close is one
         unlink, made on the event loop: a thread hand-off would cost more than the call."""
         async with self._lock_for(entry_id):
-            with _tracer.start_as_current_span("thunder_dra.journal.close"):
+            with step_span(_tracer, "thunder_dra.journal.close"):
                 if entry_id in self._revocable:
                     removed = self._close_sync(entry_id)
                 else:
@@ -184,7 +187,8 @@ class MintJournal:
         async with self._lock_for(entry_id):
             try:
                 # Read, change and durably rewrite in one worker-thread hop.
-                with _tracer.start_as_current_span(
+                with step_span(
+                    _tracer,
                     "thunder_dra.journal.record",
                     attributes={"thunder_dra.journal.fields": sorted(changes)},
                 ):
