@@ -11,7 +11,7 @@ consumer ever picks up a half-written file.
 The synchronous functions do blocking I/O; async code calls the ``*_async`` wrappers,
 which run them in a worker thread. The one exception is an unlink without the directory
 fsync (``remove_if_exists(durable=False)``), a single quick system call that an
-unprepare makes on the event loop and makes durable later with :func:`fsync_dirs`.
+unprepare makes on the event loop; the directory is fsync'ed later (:func:`fsync_dirs`).
 """
 
 from __future__ import annotations
@@ -139,11 +139,6 @@ async def write_atomic_async(path: Path, data: bytes | str, *, mode: int = 0o644
 async def remove_if_exists_async(path: Path) -> bool:
     """:func:`remove_if_exists` off the event loop."""
     return await asyncio.to_thread(remove_if_exists, path)
-
-
-async def fsync_dirs_async(*paths: Path) -> None:
-    """:func:`fsync_dirs` off the event loop."""
-    await asyncio.to_thread(fsync_dirs, *paths)
 
 
 async def ensure_dir_async(path: Path, mode: int = 0o700) -> None:

@@ -200,6 +200,53 @@ async def test_a_failed_write_is_reported_and_undone_in_memory(
     assert sorted((await ck.CheckpointStore(tmp_path).load()).claims) == ["uid-2"]
 
 
+async def test_a_drop_fsyncs_the_directories_it_asks_for_before_the_file_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ck.CheckpointStore(tmp_path / "state")
+    await store.put(_claim("uid-1"))
+    await store.put(_claim("uid-2"))
+    removed_from = [tmp_path / "cdi", tmp_path / "claims"]
+    for directory in removed_from:
+        directory.mkdir()
+    events: list[str] = []
+    real_dir, real_write = fsutil.fsync_dir, fsutil.write_atomic
+
+    def fsync_dir(path: Path) -> None:
+        if path in removed_from:  # not the checkpoint's own directory, which writes sync
+            events.append(f"fsync {path.name}")
+        real_dir(path)
+
+    fail = [True]
+
+    def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o644) -> None:
+        if fail.pop() if fail else False:
+            raise OSError("no space left on device")
+        events.append(f"write {path.name}")
+        real_write(path, data, mode=mode)
+
+    monkeypatch.setattr(fsutil, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(fsutil, "write_atomic", write_atomic)
+    # The write fails: the drop is undone, and the directories wait for the next write.
+    with pytest.raises(OSError, match="no space"):
+        await store.drop("uid-1", synced_first=removed_from)
+    assert sorted(store.current.claims) == ["uid-1", "uid-2"]
+    events.clear()
+    await store.drop("uid-2")
+    assert events == ["fsync cdi", "fsync claims", "write checkpoint.json"]
+    events.clear()
+    # Then a drop asks for them, is written, and the next write has nothing to sync.
+    await store.drop("uid-1", synced_first=removed_from)
+    await store.put(_claim("uid-3"))
+    assert events == [
+        "fsync cdi",
+        "fsync claims",
+        "write checkpoint.json",
+        "write checkpoint.json",
+    ]
+    assert sorted((await ck.CheckpointStore(tmp_path / "state").load()).claims) == ["uid-3"]
+
+
 # A checkpoint as the daemon wrote it before the claim model was consolidated: a pod's
 # prepared claim and a VM's claim interrupted mid-unprepare. An upgraded daemon must read
 # it and write it back byte for byte.

@@ -8,10 +8,10 @@ stages whose steps are independent and run at once:
    the CDI spec, the claim's directory and a VM's Secret (the files are unlinked while the
    revocations are in flight, without the directories' fsyncs);
 2. delete the ``Client`` record, the last trace of the claim outside the checkpoint (a
-   lost checkpoint is rebuilt from the records), fsync the two directories, so the
-   removals survive a power loss, and drop the entry last. Until the drop, the entry
-   is marked, so a restart after a power loss that brought a removed file back removes
-   it again.
+   lost checkpoint is rebuilt from the records), and drop the entry last, by a
+   checkpoint write that first fsyncs the two directories, so the removals survive a
+   power loss before the entry is gone. Until the drop, the entry is marked, so a
+   restart after a power loss that brought a removed file back removes it again.
 
 A stage starts only when the one before it completed; a failed step fails the claim
 after its stage's other steps ran (so a file that cannot be removed never keeps the
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 
-from thunder_dra import fsutil
 from thunder_dra.api import ConsumerKind
 from thunder_dra.plugin.claims.records import Records
 from thunder_dra.plugin.claims.rollback import Undo
@@ -117,8 +116,10 @@ class Unpreparer:
         once the removals of stage 1 are durable."""
         await self._records.delete_client(prepared.namespace, prepared.uid)
         self._crash.reached("unprepare:client-removed")
-        await fsutil.fsync_dirs_async(self._undo.cdi.cdi_dir, self._undo.layout.claims_dir)
-        await self._checkpoint.drop(prepared.uid)
+        # The write that drops the entry first fsyncs the directories stage 1 removed from.
+        await self._checkpoint.drop(
+            prepared.uid, synced_first=(self._undo.cdi.cdi_dir, self._undo.layout.claims_dir)
+        )
         self._crash.reached("unprepare:checkpoint-dropped")
         log.info(
             "claim unprepared",

@@ -32,7 +32,7 @@ import asyncio
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -311,6 +311,8 @@ class CheckpointStore:
         # The file as _durable was last read from or written to it; None: unknown.
         self._identity: FileIdentity | None = None
         self._encoded = EncodedClaims()  # used by one write at a time (under _lock)
+        # Directories the next write fsyncs before the file (drop's synced_first).
+        self._synced_first: set[Path] = set()
 
     @property
     def current(self) -> Checkpoint:
@@ -383,9 +385,14 @@ class CheckpointStore:
         self._mutate(self._current.with_claim(claim))
         await self._flush(lambda: self._revert(claim.uid, claim))
 
-    async def drop(self, uid: str) -> None:
-        """Remove one claim (absent is fine) and persist."""
+    async def drop(self, uid: str, *, synced_first: Iterable[Path] = ()) -> None:
+        """Remove one claim (absent is fine) and persist.
+
+        ``synced_first``: directories whose changes the drop must not outlive (an
+        unprepare's removals, not yet fsync'ed): the write that carries the drop fsyncs
+        them before it writes the file, one fsync each for every drop it carries."""
         if uid in self._current.claims:
+            self._synced_first.update(synced_first)
             self._mutate(self._current.without_claim(uid))
             await self._flush(lambda: self._revert(uid, None))
 
@@ -411,6 +418,8 @@ class CheckpointStore:
             if self._persisted >= wanted:
                 return  # a write that started after our change already covered it
             snapshot, covers = self._current, self._changes
+            # Taken with the snapshot: every drop it carries asked for these first.
+            synced_first, self._synced_first = self._synced_first, set()
             # Whatever the outcome, the file may no longer be what _durable was read from.
             self._identity = None
             try:
@@ -421,20 +430,25 @@ class CheckpointStore:
                     "thunder_dra.checkpoint.write",
                     attributes={"thunder_dra.checkpoint.claims": len(snapshot.claims)},
                 ):
-                    identity = await asyncio.to_thread(self._write_sync, snapshot)
+                    identity = await asyncio.to_thread(self._write_sync, snapshot, synced_first)
             except Exception:
                 # The file is unchanged (atomic write). Undone under the lock, so the next
-                # write, whoever makes it, no longer carries this change.
+                # write, whoever makes it, no longer carries this change. The directories
+                # go back: a drop of this write still pending is carried by the next one.
                 revert()
+                self._synced_first |= synced_first
                 raise
             self._persisted = max(self._persisted, covers)
             self._durable = snapshot
             self._identity = identity
             self.found = True
 
-    def _write_sync(self, snapshot: Checkpoint) -> FileIdentity | None:
-        """Write ``snapshot``; the identity of the file written (taken under the node
-        lock, which every writer of the file holds)."""
+    def _write_sync(
+        self, snapshot: Checkpoint, synced_first: Iterable[Path] = ()
+    ) -> FileIdentity | None:
+        """Fsync ``synced_first``, then write ``snapshot``; the identity of the file written
+        (taken under the node lock, which every writer of the file holds)."""
+        fsutil.fsync_dirs(*sorted(synced_first))
         content = encode_checkpoint(snapshot, self._encoded)
         if not self.path.parent.is_dir():
             # Only a missing directory gets a mode: it may be the shared plugin directory.
