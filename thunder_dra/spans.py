@@ -6,7 +6,8 @@ IDs go on every log line written inside it (docs/observability.md). The steps be
 forty a claim, and a span costs the event loop CPU even when nothing records it. So a
 step inside a span that is not recorded (no exporter, or a trace the sampler left out)
 gets no span of its own: :func:`step_span` hands back the enclosing span, and a line
-logged inside the step carries its IDs. A step inside a recorded span, or outside any
+logged inside the step carries its IDs. A span tells by its sampled flag, which an
+ended span keeps (work after a kubelet call's answer goes on beneath the call's span). A step inside a recorded span, or outside any
 span (work of its own, such as the journal sweep), gets its span as before.
 """
 
@@ -41,10 +42,12 @@ class _Within(AbstractContextManager[Span]):
 
 
 def unrecorded_parent() -> Span | None:
-    """The current span when it exists and is not recorded (so nothing beneath it is);
-    else None."""
+    """The current span when it exists and was not sampled (so nothing beneath it is
+    recorded); else None. A span that was sampled counts even once it has ended (work
+    after a kubelet call's answer goes on beneath the call's span)."""
     current = trace.get_current_span()
-    if current.is_recording() or not current.get_span_context().is_valid:
+    context = current.get_span_context()
+    if not context.is_valid or context.trace_flags.sampled:
         return None
     return current
 

@@ -49,6 +49,22 @@ def test_inside_a_recorded_span_a_step_is_a_child_span() -> None:
     assert step_span_data.parent.span_id == call_data.context.span_id
 
 
+def test_after_a_recorded_span_ended_a_step_beneath_it_is_still_a_child_span() -> None:
+    # Work after a kubelet call's answer runs in the call's context, its span ended.
+    provider, exporter = _provider(ALWAYS_ON)
+    tracer = provider.get_tracer("test")
+    call = tracer.start_span("call")
+    call.end()
+    assert not call.is_recording()
+    with trace.use_span(call), step_span(tracer, "after the answer") as step:
+        assert step is not call
+        assert step.is_recording()
+    call_data, step_data = exporter.get_finished_spans()
+    assert step_data.name == "after the answer"
+    assert step_data.parent is not None
+    assert step_data.parent.span_id == call_data.context.span_id
+
+
 @pytest.mark.parametrize("sampler", [ALWAYS_ON, ALWAYS_OFF])
 def test_outside_any_span_a_step_starts_its_own_trace(sampler: Sampler) -> None:
     provider, exporter = _provider(sampler)

@@ -174,6 +174,22 @@ def test_one_prepare_is_one_trace_and_no_span_carries_a_credential(
     assert dir_removed.parent_id == unprepare.span_id
     assert str(dir_removed.attributes["file.path"]).endswith(claim.uid)
     assert undone[0].trace_id != trace[0].trace_id
+    # The work after the answer, the Client record's removal, is in the same trace,
+    # beneath the call (whose span had ended by then).
+    spans = receiver.wait_for(
+        lambda got: any(
+            s.name.startswith("DELETE kube:") and s.name.endswith("/clients/{name}")
+            for s in _call_trace(got, "NodeUnprepareResources", claim.uid)
+        ),
+        timeout=60,
+    )
+    undone = _call_trace(spans, "NodeUnprepareResources", claim.uid)
+    [removal] = [
+        s
+        for s in undone
+        if s.name.startswith("DELETE kube:") and s.name.endswith("/clients/{name}")
+    ]
+    assert removal.parent_id == call.span_id, tree(undone)
 
     node.daemon.stop()  # flushes what is still waiting for export
     secrets = secrets_of(fake)
