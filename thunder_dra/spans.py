@@ -7,8 +7,9 @@ forty a claim, and a span costs the event loop CPU even when nothing records it.
 step inside a span that is not recorded (no exporter, or a trace the sampler left out)
 gets no span of its own: :func:`step_span` hands back the enclosing span, and a line
 logged inside the step carries its IDs. A span tells by its sampled flag, which an
-ended span keeps (work after a kubelet call's answer goes on beneath the call's span). A step inside a recorded span, or outside any
-span (work of its own, such as the journal sweep), gets its span as before.
+ended span keeps (work after a kubelet call's answer goes on beneath the call's span).
+A step inside a recorded span, or outside any span (work of its own, such as the
+journal sweep), gets its span as before.
 """
 
 from __future__ import annotations
