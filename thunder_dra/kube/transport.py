@@ -115,6 +115,9 @@ class AiohttpTransport:
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
+                # The API server's requests carry their credential; no cookie an answer
+                # (or a proxy in front of the API server) sets is kept or sent back.
+                cookie_jar=aiohttp.DummyCookieJar(),
                 headers={"Accept": "application/json", "User-Agent": self._user_agent},
                 # A list page of ResourceSlices is a few MiB in one chunk.
                 read_bufsize=2**21,

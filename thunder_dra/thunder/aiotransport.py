@@ -19,7 +19,8 @@ What maps to what:
   looked up once per scheme and host (aiohttp's own `trust_env` would read them, and
   `~/.netrc`, on every request);
 - bodies are passed on undecoded (httpx decodes them); at most `pool_size` connections
-  are open, kept alive between requests.
+  are open, kept alive between requests;
+- no cookie jar: a cookie an answer sets is never sent on a later request.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 self._ssl = httpx.create_ssl_context()
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._pool_size, ssl=self._ssl),
+                # No cookie an answer sets is kept or sent back (thunder-api.md section 1).
+                cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
             )

@@ -52,7 +52,10 @@ async def apiserver() -> AsyncIterator[tuple[str, Seen]]:
                 "message": 'nodes "missing" not found',
             }
             return web.json_response(status, status=404)
-        return web.json_response({"kind": "Thing", "metadata": {"name": "x"}})
+        # A cookie, as a load balancer in front of the API server may set one.
+        return web.json_response(
+            {"kind": "Thing", "metadata": {"name": "x"}}, headers={"Set-Cookie": "lb=a; Path=/"}
+        )
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
@@ -106,6 +109,16 @@ async def test_requests_carry_the_token_user_agent_query_and_body(
     assert isinstance(patch_headers, dict)
     assert patch_headers["Content-Type"] == "application/merge-patch+json"
     assert json.loads(patch["body"]) == {"status": {"x": 1}}  # type: ignore[arg-type]
+
+
+async def test_a_cookie_an_answer_sets_is_never_sent_back(apiserver: tuple[str, Seen]) -> None:
+    host, seen = apiserver
+    # By a host name: a cookie jar takes no cookie from an IP address.
+    async with _kube(host.replace("127.0.0.1", "localhost")) as kube:
+        for _ in range(3):
+            await kube.get(CLIENTS.item("c", "ns"))
+    headers = [r["headers"] for r in seen.requests]
+    assert [h.get("Cookie") for h in headers if isinstance(h, dict)] == [None, None, None]
 
 
 async def test_the_apiservers_answer_becomes_the_error_without_the_token(

@@ -42,7 +42,8 @@ class Server:
             self.peers.append((peer[0], peer[1]))
         self.headers.append(dict(request.headers))
         if request.path == "/api/v1/zones":
-            return web.json_response(ZONES)
+            # A cookie, as a load balancer in front of Thunder may set one.
+            return web.json_response(ZONES, headers={"Set-Cookie": "lb=node-2; Path=/"})
         if request.path == "/api/v1/hosts":
             return web.json_response({"hosts": [], "pad": "x" * 4096})
         if request.path == "/api/v1/clients":
@@ -92,6 +93,15 @@ async def test_answers_arrive_with_the_client_headers_over_one_kept_alive_connec
     assert headers["Authorization"] == f"Bearer {TOKEN}"
     assert headers["User-Agent"].startswith("thunder-device-plugin/")
     assert headers["Accept"] == "application/json"
+
+
+async def test_a_cookie_an_answer_sets_is_never_sent_back(server: Server) -> None:
+    # By a host name: a cookie jar takes no cookie from an IP address (docs/thunder-api.md
+    # section 1, "Cookies").
+    async with _client(server.url.replace("127.0.0.1", "localhost")) as client:
+        for _ in range(3):
+            await client.list_zones()
+    assert [headers.get("Cookie") for headers in server.headers] == [None, None, None]
 
 
 async def test_an_error_status_is_the_api_error_with_its_status(server: Server) -> None:
