@@ -3,7 +3,7 @@
 A kubelet call, a claim and a reconcile cycle always get their span: its trace and span
 IDs go on every log line written inside it (docs/observability.md). The steps beneath
 (a Thunder or Kubernetes request, a journal, checkpoint or file write) are many, about
-forty a claim, and a span costs the event loop CPU even when nothing records it. So a
+twenty a claim, and a span costs the event loop CPU even when nothing records it. So a
 step inside a span that is not recorded (no exporter, or a trace the sampler left out)
 gets no span of its own: :func:`step_span` hands back the enclosing span, and a line
 logged inside the step carries its IDs. A span tells by its sampled flag, which an
