@@ -149,10 +149,22 @@ async def test_close_syncs_the_directory_only_for_an_entry_without_a_token_id(
     await journal.record_token_id(with_token.entry_id, "etok-4")
     without_token = await begin(journal)
     counter = SyncCounter(monkeypatch)
+    handed: list[str] = []
+    real_to_thread = asyncio.to_thread
+
+    async def to_thread(call: Callable[..., object], /, *args: object) -> object:
+        handed.append(getattr(call, "__name__", repr(call)))
+        return await real_to_thread(call, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", to_thread)
+    # One unlink, no directory fsync: made on the event loop, no thread hand-off.
     assert await journal.close(with_token.entry_id) is True
     assert counter.dir_fsyncs == 0
+    assert handed == []
+    # The directory fsync of an entry without a token ID is a worker thread's.
     assert await journal.close(without_token.entry_id) is True
     assert counter.dir_fsyncs == 1
+    assert handed == ["_close_sync"]
     assert os.listdir(tmp_path) == []
     # An entry read back from disk with its token ID (after a restart) counts too.
     again = await begin(journal)
@@ -162,27 +174,3 @@ async def test_close_syncs_the_directory_only_for_an_entry_without_a_token_id(
     counter.reset()
     assert await restarted.close(listed.entry_id) is True
     assert counter.dir_fsyncs == 0
-
-
-async def test_closing_an_entry_with_a_token_id_hands_nothing_to_a_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    journal = jn.MintJournal(tmp_path)
-    with_token = await begin(journal)
-    await journal.record_token_id(with_token.entry_id, "etok-6")
-    without_token = await begin(journal)
-    handed: list[str] = []
-    real_to_thread = asyncio.to_thread
-
-    async def to_thread(call: Callable[..., object], /, *args: object) -> object:
-        handed.append(getattr(call, "__name__", repr(call)))
-        return await real_to_thread(call, *args)
-
-    monkeypatch.setattr(asyncio, "to_thread", to_thread)
-    # One unlink, no directory fsync: made on the event loop.
-    assert await journal.close(with_token.entry_id) is True
-    assert handed == []
-    # The directory fsync of an entry without a token ID is a worker thread's.
-    assert await journal.close(without_token.entry_id) is True
-    assert handed == ["_close_sync"]
-    assert os.listdir(tmp_path) == []
