@@ -530,7 +530,7 @@ class KubeClient:
     ) -> JSON:
         return await self.json_patch(CLIENTS.item(name, namespace, "status"), operations)
 
-    async def delete_client(self, namespace: str, name: str) -> JSON:
-        """Delete; the answer is the Client (still there, Terminating, while it has
-        finalizers) or a Status (it is gone)."""
-        return await self.delete(CLIENTS.item(name, namespace))
+    async def delete_client(self, namespace: str, name: str, *, uid: str | None = None) -> JSON:
+        """Delete (only the record with ``uid``, if given); the answer is the Client (still
+        there, Terminating, while it has finalizers) or a Status (it is gone)."""
+        return await self.delete(CLIENTS.item(name, namespace), uid=uid)

@@ -50,6 +50,7 @@ from thunder_dra.kube.events import EventRecorder
 from thunder_dra.kube.provenance import ProvenanceKey
 from thunder_dra.kube.transport import build_client
 from thunder_dra.plugin.claims.records import Records
+from thunder_dra.plugin.state.checkpoint import Consumer, PreparedClaim
 from thunder_dra.thunder import Secret
 
 REPO = Path(__file__).resolve().parents[3]
@@ -728,6 +729,66 @@ def test_the_daemons_records_find_and_remove_only_their_own_setup_secrets(
         assert await mine.guest_secret_exists(ns, "records", uid)
         assert await mine.delete_guest_secret(ns, "records", uid, only_token_id="et-1")
         assert not await mine.guest_secret_exists(ns, "records", uid)
+
+    asyncio.run(run())
+
+
+def test_the_daemons_records_remove_its_client_under_the_policies(
+    kube: Kube, install: Install, daemons: tuple[DaemonIdentity, DaemonIdentity]
+) -> None:
+    """The record's removal (its finalizer dropped, then deleted) with the daemon's own
+    credentials, through RBAC and the admission policies, on the API server's JSON patch:
+    a record already without its finalizer (a crash between the two steps, or an
+    administrator's release) and one of another enrollment (``only_token_id``)."""
+    _, b = daemons
+    ns = install.workloads
+    key = ProvenanceKey(Secret("tcapi_security_test"))
+    claims = {name: make_claim(kube, ns, name) for name in ("rm-a", "rm-b", "rm-d")}
+
+    def prepared(name: str) -> PreparedClaim:
+        return PreparedClaim(
+            uid=claims[name],
+            namespace=ns,
+            name=name,
+            consumer=Consumer(kind="pod", name=name),
+            zone_name="zone a",
+            zone_id="z-1",
+            gpu_type="A6000",
+            gpu_count=1,
+            devices=(),
+            enrollment_token_id=f"et-{name}",
+            client_id=f"c-{name}",
+        )
+
+    def record(name: str) -> dict[str, Any] | None:
+        return kube.get(CLIENT_API, "Client", f"claim-{claims[name]}", ns)
+
+    async def run() -> None:
+        async with build_client(b.kubeconfig, user_agent="security-test") as client:
+            records = Records(
+                client,
+                b.node,
+                key,
+                events=EventRecorder(client, component="daemon", instance=b.node, scrub=str),
+            )
+            for name in claims:
+                await records.write_client(prepared(name))
+            admin = kube.resource(CLIENT_API, "Client")
+            # An administrator may release a Client (as make purge does).
+            admin.patch(
+                name=f"claim-{claims['rm-b']}",
+                namespace=ns,
+                body={"metadata": {"finalizers": None}},
+                content_type="application/merge-patch+json",
+            )
+            assert await records.delete_client(ns, claims["rm-a"])
+            assert record("rm-a") is None
+            assert await records.delete_client(ns, claims["rm-b"])
+            assert record("rm-b") is None
+            assert not await records.delete_client(ns, claims["rm-d"], only_token_id="et-other")
+            assert record("rm-d") is not None
+            assert await records.delete_client(ns, claims["rm-d"], only_token_id="et-rm-d")
+            assert record("rm-d") is None
 
     asyncio.run(run())
 

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fakekube import parse_path
 from tests.unit.plugin.fakes import CrashAt, Crashed, Meeting, until
 from tests.unit.plugin.lifecycle_node import NAMESPACE, Daemon, World
 from thunder_dra import fsutil
 from thunder_dra.api import ClaimReference
+from thunder_dra.kube.resources import CLIENTS
 from thunder_dra.plugin.kubelet import handler
 from thunder_dra.plugin.state.checkpoint import ClaimState, PreparedClaim
 from thunder_dra.thunder import ThunderClient
@@ -250,4 +252,42 @@ async def test_the_prepared_claims_gauge_drops_once_the_entry_is_dropped(world: 
     assert gauge() == 1
     assert await daemon.unprepare(refs[1]) == {refs[1].uid: ""}
     assert gauge() == 0
+    await daemon.stop()
+
+
+async def test_the_record_loses_its_finalizer_first_and_is_then_deleted_at_once(
+    world: World,
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    assert isinstance((await daemon.prepare(ref))[ref.uid], PreparedClaim)
+    await daemon.service.drain()
+    before = len(world.kube.requests)
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    writes = [r.method for r in world.kube.requests[before:] if re.search(RECORD_DELETE, r.path)]
+    # One update that drops the finalizer, then a delete that removes the record at once:
+    # cheaper for the API server than a delete that leaves it Terminating and an update
+    # that ends it.
+    assert writes == ["PATCH", "DELETE"]
+    world.assert_clean()
+    await daemon.stop()
+
+
+async def test_a_finalizer_of_someone_else_stays_and_keeps_the_record_terminating(
+    world: World,
+) -> None:
+    daemon = await world.start()
+    ref = world.claim("train")
+    assert isinstance((await daemon.prepare(ref))[ref.uid], PreparedClaim)
+    await daemon.service.drain()
+    [record] = world.client_records()
+    path = CLIENTS.item(record["metadata"]["name"], NAMESPACE)
+    stored = world.kube.objects[parse_path(path).key]
+    stored["metadata"]["finalizers"].insert(0, "example.com/audit")
+    assert await daemon.unprepare(ref) == {ref.uid: ""}
+    assert world.live_tokens() == []
+    [left] = world.client_records()
+    assert left["metadata"]["finalizers"] == ["example.com/audit"]
+    assert left["metadata"].get("deletionTimestamp")
+    assert world.checkpoint_claims() == {}
     await daemon.stop()

@@ -45,7 +45,7 @@ from thunder_dra.api.constants import CLIENT_KIND, DOMAIN
 from thunder_dra.kube import bodies, naming, provenance
 from thunder_dra.kube.admissionpolicy import ANNOTATION_NODE_NAME, LABEL_CLAIM_UID
 from thunder_dra.kube.client import JSON, KubeClient
-from thunder_dra.kube.errors import Conflict, Forbidden, Invalid, KubeError, NotFound
+from thunder_dra.kube.errors import Conflict, Forbidden, Invalid, NotFound
 from thunder_dra.kube.events import EventRecorder, ObjectRef
 from thunder_dra.kube.resources import CLIENTS, SECRETS
 from thunder_dra.plugin.files.guest import GUEST_SCRIPT_KEY, GUEST_TOKEN_KEY, guest_secret_name
@@ -264,43 +264,54 @@ class Records:
     async def delete_client(
         self, namespace: str, claim_uid: str, *, only_token_id: str | None = None
     ) -> bool:
-        """Delete the claim's Client and drop our finalizer; absent is done already.
+        """Delete the claim's Client: drop our finalizer, then delete the record; absent is
+        done already.
 
         ``only_token_id``: delete only if the record is for that enrollment (a rollback must
         not remove the record of a later, successful attempt). True if it was removed.
+
+        The finalizer goes first, by a JSON patch that tests it (and ``only_token_id``), so
+        the delete removes the record at once: for the API server one update and one
+        delete, where a delete that leaves the record Terminating and an update that ends
+        it cost two updates and the delete. Every caller has revoked the record's
+        enrollment already or holds it in an open journal entry, so a crash between the
+        two leaves a record without its finalizer whose enrollment is taken care of, and
+        the next unprepare, rollback or sweep deletes it.
         """
         name = client_name(claim_uid)
+        tests: list[dict[str, Any]] = []
         if only_token_id is not None:
-            existing = await self._get_raw_client(namespace, claim_uid)
-            if existing is None or _token_id_of(existing) != only_token_id:
-                return False
-        # Delete first: a crash between the two steps leaves a Terminating record that the
-        # next unprepare (or the reaper) finishes, never a record without its finalizer.
+            tests.append({"op": "test", "path": "/spec/enrollmentTokenId", "value": only_token_id})
+        first = "/metadata/finalizers/0"
         try:
-            answer = await self._kube.delete_client(namespace, name)
-        except NotFound:
-            return False
-        if answer.get("kind") != CLIENT_KIND:
-            return True  # a Status: gone at once (no finalizer left)
-        finalizers = bodies.finalizers(answer)
-        if CLIENT_FINALIZER not in finalizers:
-            return True
-        index = finalizers.index(CLIENT_FINALIZER)
-        path = f"/metadata/finalizers/{index}"
-        try:
-            # The test makes it a no-op if the list changed since the delete answered.
-            await self._kube.json_patch_client(
+            patched = await self._kube.json_patch_client(
                 namespace,
                 name,
                 [
-                    {"op": "test", "path": path, "value": CLIENT_FINALIZER},
-                    {"op": "remove", "path": path},
+                    *tests,
+                    {"op": "test", "path": first, "value": CLIENT_FINALIZER},
+                    {"op": "remove", "path": first},
                 ],
             )
         except NotFound:
-            return True
-        except KubeError:
+            return False
+        except Invalid:
+            # A test failed: another enrollment's record, or our finalizer is not the first
+            # (someone else's comes before it) or gone (a crash between the two steps).
+            existing = await self._get_raw_client(namespace, claim_uid)
+            if existing is None or (
+                only_token_id is not None and _token_id_of(existing) != only_token_id
+            ):
+                return False
             await self._release_finalizer(namespace, name)
+            patched = existing
+        try:
+            # The uid precondition: never a record that replaced this one meanwhile.
+            await self._kube.delete_client(namespace, name, uid=bodies.metadata(patched).get("uid"))
+        except NotFound:
+            return True  # the patch ended a record already Terminating
+        except Conflict:
+            return False
         return True
 
     async def _release_finalizer(self, namespace: str, name: str) -> None:
