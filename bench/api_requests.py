@@ -31,11 +31,12 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from bench.daemon_prepare import API_TOKEN, DRIVER, Claim, Environment, cpu_ms_per, cpu_seconds
-from bench.docsection import DOC, INTRO, command_line, replace_section
+from bench.docsection import DOC, INTRO, command_line, machine, replace_section
+from thunder_dra.api import CLIENT_FINALIZER
 from thunder_dra.kube import provenance
 from thunder_dra.kube.events import EventRecorder
 from thunder_dra.kube.transport import build_client
-from thunder_dra.plugin.claims.records import Records
+from thunder_dra.plugin.claims.records import Records, client_name
 from thunder_dra.plugin.claims.status import (
     UNPREPARED,
     ClaimStatusWriter,
@@ -69,8 +70,16 @@ STEPS: tuple[Step, ...] = (
     Step("`Client` status `Enrolled` (JSON patch)", "after the prepare's answer", 1),
     Step("claim status apply, the claim's entries", "after the prepare's answer", 1),
     Step("claim status apply, no entries", "after the unprepare's answer", 1),
-    Step("`Client` delete, then its finalizer removed", "after the unprepare's answer", 2),
+    Step("`Client` finalizer removed, then the record deleted", "after the unprepare's answer", 2),
 )
+RECREATE = Step("`Client` create, again", "before each row below", 1)
+ORDERS: tuple[Step, ...] = (
+    Step("`Client` finalizer removed, then deleted", "the daemon's order", 2),
+    Step("`Client` deleted, then its finalizer removed", "the other order", 2),
+)
+"""Beside the claim's life, not in its sum: the two orders of a record's removal, each
+after the records are made again (:data:`RECREATE`, not shown), in the same run; which
+goes first turns from round to round."""
 
 
 @dataclass(frozen=True)
@@ -141,40 +150,66 @@ async def measure(env: Environment, rounds: int) -> list[Figure]:
             ),
             STEPS[4].label: lambda i: writer.write(target(i), UNPREPARED),
             STEPS[5].label: lambda i: records.delete_client(claims[i].namespace, claims[i].uid),
+            RECREATE.label: lambda i: records.write_client(prepared[i]),
+            ORDERS[0].label: lambda i: records.delete_client(claims[i].namespace, claims[i].uid),
+            ORDERS[1].label: lambda i: delete_first(claims[i]),
         }
+
+        async def delete_first(claim: Claim) -> None:
+            name = client_name(claim.uid)
+            await kube.delete_client(claim.namespace, name)
+            await kube.json_patch_client(
+                claim.namespace,
+                name,
+                [
+                    {"op": "test", "path": "/metadata/finalizers/0", "value": CLIENT_FINALIZER},
+                    {"op": "remove", "path": "/metadata/finalizers/0"},
+                ],
+            )
+
+        async def timed(step: Step, number: int) -> Figure:
+            before = cpu_seconds(pids)
+            started = time.perf_counter()
+            for index in range(len(claims)):
+                await work[step.label](index)
+            wall = time.perf_counter() - started
+            cpu = cpu_ms_per(pids, before, len(claims))
+            print(f"round {number}: {step.label} done", file=sys.stderr)
+            return Figure(step, number, cpu, wall * 1000 / len(claims))
+
         figures = []
         for number in range(1, rounds + 1):
             for step in STEPS:
-                before = cpu_seconds(pids)
-                started = time.perf_counter()
-                for index in range(len(claims)):
-                    await work[step.label](index)
-                wall = time.perf_counter() - started
-                cpu = cpu_ms_per(pids, before, len(claims))
-                figures.append(Figure(step, number, cpu, wall * 1000 / len(claims)))
-                print(f"round {number}: {step.label} done", file=sys.stderr)
+                figures.append(await timed(step, number))
+            for order in ORDERS if number % 2 else reversed(ORDERS):
+                await timed(RECREATE, number)
+                figures.append(await timed(order, number))
         return figures
     finally:
         await kube.close()
 
 
-def render(figures: Sequence[Figure], claims: int, command: str, started: str) -> str:
+def render(figures: Sequence[Figure], claims: int, command: str, started: str, machine: str) -> str:
     rounds = sorted({f.round for f in figures})
     by = {(f.step.label, f.round): f for f in figures}
     header = " | ".join(f"round {r}" for r in rounds)
-    rows = []
     totals = {r: {name: 0.0 for name in WATCHED} for r in rounds}
-    for step in STEPS:
+
+    def row(step: Step) -> str:
         cells = []
         for r in rounds:
             figure = by[(step.label, r)]
-            for name in WATCHED:
-                totals[r][name] += figure.cpu_ms[name]
             cells.append(
                 f"{figure.cpu_ms['kube-apiserver']:.1f} / {figure.cpu_ms['etcd']:.1f} "
                 f"/ {figure.wall_ms:.1f}"
             )
-        rows.append(f"| {step.label} | {step.when} | {step.requests} | " + " | ".join(cells) + " |")
+        return f"| {step.label} | {step.when} | {step.requests} | " + " | ".join(cells) + " |"
+
+    rows = [row(step) for step in STEPS]
+    for step in STEPS:
+        for r in rounds:
+            for name in WATCHED:
+                totals[r][name] += by[(step.label, r)].cpu_ms[name]
     total_cells = " | ".join(
         f"{totals[r]['kube-apiserver']:.1f} / {totals[r]['etcd']:.1f} / -" for r in rounds
     )
@@ -191,8 +226,8 @@ def render(figures: Sequence[Figure], claims: int, command: str, started: str) -
         [
             HEADING,
             "",
-            f"Command: `{command}` ({started}; the local control plane of the sections above, "
-            "on the same machine).",
+            f"Command: `{command}` ({started}; {machine}; the local control plane as in the "
+            "sections above).",
             "",
             f"What the daemon's own Kubernetes requests cost the control plane, for {claims} "
             "claims: the benchmark makes them through the daemon's code (its API client, "
@@ -208,6 +243,7 @@ def render(figures: Sequence[Figure], claims: int, command: str, started: str) -
             "| --- | --- | ---: |" + " ---: |" * len(rounds),
             *rows,
             f"| all of a claim's | | {requests} | {total_cells} |",
+            *(row(step) for step in ORDERS),
             "",
             f"A claim's {requests} requests cost the API server "
             + " and ".join(f"{v:.1f}" for v in apiserver)
@@ -222,8 +258,26 @@ def render(figures: Sequence[Figure], claims: int, command: str, started: str) -
             "these requests plus the kubelet's own claim read, on a machine as busy as "
             "that run's.",
             "",
+            "The last two rows, not in the sum, remove each record (made again just before) "
+            "in either order, the first of them turning from round to round: the daemon's, "
+            "which drops its finalizer and then deletes the record, gone at once; and the "
+            "other, a delete that marks the record Terminating and then the patch that drops "
+            "the finalizer and so deletes it. The daemon's order costs the API server "
+            + _per_round(by, ORDERS[0], "kube-apiserver", rounds)
+            + " ms and etcd "
+            + _per_round(by, ORDERS[0], "etcd", rounds)
+            + " ms, against "
+            + _per_round(by, ORDERS[1], "kube-apiserver", rounds)
+            + " ms and etcd "
+            + _per_round(by, ORDERS[1], "etcd", rounds)
+            + " ms the other way.",
+            "",
         ]
     )
+
+
+def _per_round(by: dict[tuple[str, int], Figure], step: Step, name: str, rounds: list[int]) -> str:
+    return " and ".join(f"{by[(step.label, r)].cpu_ms[name]:.1f}" for r in rounds)
 
 
 def write_docs(section: str, path: Path = DOC) -> None:
@@ -248,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     command = command_line("bench.api_requests", args, ["claims", "rounds"]) + (
         " --write-docs" if args.write_docs else ""
     )
-    section = render(figures, args.claims, command, started)
+    section = render(figures, args.claims, command, started, machine())
     print(section)
     if args.write_docs:
         write_docs(section)

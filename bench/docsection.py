@@ -1,9 +1,12 @@
 """Replace one `## ` section of docs/benchmarks.md, leaving every other section as it is;
-and the command line a section quotes."""
+and the command line and the machine a section quotes."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +20,27 @@ def command_line(prog: str, args: argparse.Namespace, options: Sequence[str]) ->
     """`python -m <prog> --<option> <value> ...` for the named options, as the run used."""
     given = " ".join(f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options)
     return f"python -m {prog} {given}"
+
+
+def machine() -> str:
+    """CPUs, memory, kernel and Python of this machine, as a section names them."""
+    cpus = os.cpu_count() or 0
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        model = platform.processor()
+    memory = ""
+    try:
+        kib = int(re.findall(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())[0])
+        memory = f", {kib / 1024 / 1024:.0f} GiB RAM"
+    except (OSError, IndexError):
+        memory = ""
+    system = f"Linux {platform.release()}, Python {platform.python_version()}"
+    return f"{cpus} CPUs ({model}){memory}, {system}"
 
 
 def replace_section(

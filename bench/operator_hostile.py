@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.docsection import DOC, INTRO, command_line, replace_section
-from bench.operator_inventory import MODELS, machine, peak_rss_mib
+from bench.docsection import DOC, INTRO, command_line, machine, replace_section
+from bench.operator_inventory import MODELS, peak_rss_mib
 from hack import supervise
 from hack.testbed.kube import wait_for
 from hack.testbed.operator import StandaloneOperator, standalone_operator

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import sys
 import tempfile
@@ -34,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.docsection import DOC, INTRO, command_line, replace_section
+from bench.docsection import DOC, INTRO, command_line, machine, replace_section
 from hack.cluster import Cluster
 from hack.testbed.operator import (
     OPERATOR_AGENT,
@@ -199,26 +197,6 @@ class Bench:
             "rss_first": rss_first,
             "rss_restart": rss_restart,
         }
-
-
-def machine() -> str:
-    cpus = os.cpu_count() or 0
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        model = platform.processor()
-    memory = ""
-    try:
-        kib = int(re.findall(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())[0])
-        memory = f", {kib / 1024 / 1024:.0f} GiB RAM"
-    except (OSError, IndexError):
-        memory = ""
-    system = f"Linux {platform.release()}, Python {platform.python_version()}"
-    return f"{cpus} CPUs ({model}){memory}, {system}"
 
 
 def _writes(figures: PassFigures) -> str:

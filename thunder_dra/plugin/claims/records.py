@@ -271,12 +271,12 @@ class Records:
         not remove the record of a later, successful attempt). True if it was removed.
 
         The finalizer goes first, by a JSON patch that tests it (and ``only_token_id``), so
-        the delete removes the record at once: for the API server one update and one
-        delete, where a delete that leaves the record Terminating and an update that ends
-        it cost two updates and the delete. Every caller has revoked the record's
-        enrollment already or holds it in an open journal entry, so a crash between the
-        two leaves a record without its finalizer whose enrollment is taken care of, and
-        the next unprepare, rollback or sweep deletes it.
+        the delete removes the record at once, never Terminating: the API server and etcd
+        spend about a tenth less than on a delete that marks it Terminating and a patch
+        that ends it (docs/benchmarks.md, Kubernetes requests of a claim). Every caller
+        has revoked the record's enrollment already or holds it in an open journal entry,
+        so a crash between the two leaves a record without its finalizer whose enrollment
+        is taken care of, and the next unprepare, rollback or sweep deletes it.
         """
         name = client_name(claim_uid)
         tests: list[dict[str, Any]] = []
