@@ -255,19 +255,24 @@ async def test_the_prepared_claims_gauge_drops_once_the_entry_is_dropped(world: 
     await daemon.stop()
 
 
-async def test_the_record_loses_its_finalizer_first_and_is_then_deleted_at_once(
-    world: World,
-) -> None:
+async def _recorded(world: World) -> tuple[Daemon, ClaimReference]:
+    """A daemon with a prepared claim whose record's work after the answer is done."""
     daemon = await world.start()
     ref = world.claim("train")
     assert isinstance((await daemon.prepare(ref))[ref.uid], PreparedClaim)
     await daemon.service.drain()
+    return daemon, ref
+
+
+async def test_the_record_loses_its_finalizer_first_and_is_then_deleted_at_once(
+    world: World,
+) -> None:
+    daemon, ref = await _recorded(world)
     before = len(world.kube.requests)
     assert await daemon.unprepare(ref) == {ref.uid: ""}
     writes = [r.method for r in world.kube.requests[before:] if re.search(RECORD_DELETE, r.path)]
-    # One update that drops the finalizer, then a delete that removes the record at once:
-    # cheaper for the API server than a delete that leaves it Terminating and an update
-    # that ends it.
+    # A patch that drops the finalizer, then a delete that removes the record at once: it
+    # is never Terminating.
     assert writes == ["PATCH", "DELETE"]
     world.assert_clean()
     await daemon.stop()
@@ -276,10 +281,7 @@ async def test_the_record_loses_its_finalizer_first_and_is_then_deleted_at_once(
 async def test_a_finalizer_of_someone_else_stays_and_keeps_the_record_terminating(
     world: World,
 ) -> None:
-    daemon = await world.start()
-    ref = world.claim("train")
-    assert isinstance((await daemon.prepare(ref))[ref.uid], PreparedClaim)
-    await daemon.service.drain()
+    daemon, ref = await _recorded(world)
     [record] = world.client_records()
     path = CLIENTS.item(record["metadata"]["name"], NAMESPACE)
     stored = world.kube.objects[parse_path(path).key]
