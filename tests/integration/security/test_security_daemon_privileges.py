@@ -743,7 +743,7 @@ def test_the_daemons_records_remove_its_client_under_the_policies(
     _, b = daemons
     ns = install.workloads
     key = ProvenanceKey(Secret("tcapi_security_test"))
-    claims = {name: make_claim(kube, ns, name) for name in ("rm-a", "rm-b", "rm-d")}
+    claims = {name: make_claim(kube, ns, name) for name in ("rm-a", "rm-b", "rm-c")}
 
     def prepared(name: str) -> PreparedClaim:
         return PreparedClaim(
@@ -785,10 +785,10 @@ def test_the_daemons_records_remove_its_client_under_the_policies(
             assert record("rm-a") is None
             assert await records.delete_client(ns, claims["rm-b"])
             assert record("rm-b") is None
-            assert not await records.delete_client(ns, claims["rm-d"], only_token_id="et-other")
-            assert record("rm-d") is not None
-            assert await records.delete_client(ns, claims["rm-d"], only_token_id="et-rm-d")
-            assert record("rm-d") is None
+            assert not await records.delete_client(ns, claims["rm-c"], only_token_id="et-other")
+            assert record("rm-c") is not None
+            assert await records.delete_client(ns, claims["rm-c"], only_token_id="et-rm-c")
+            assert record("rm-c") is None
 
     asyncio.run(run())
 
