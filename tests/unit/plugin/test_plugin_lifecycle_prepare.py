@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.plugin.fakes import Recording, until
+from tests.unit.plugin.fakes import CrashAt, Crashed, Recording, until
 from tests.unit.plugin.lifecycle_node import NAMESPACE, World
+from thunder_dra.api import ClaimReference
 from thunder_dra.kube.errors import Invalid
 from thunder_dra.kube.resources import EVENTS
 from thunder_dra.plugin.kubelet import handler
 from thunder_dra.plugin.state.checkpoint import ClaimState, PreparedClaim
 from thunder_dra.plugin.state.crashpoints import PREPARE_STEPS, UNPREPARE_STEPS
+from thunder_dra.plugin.state.journal import MintJournal, MintPurpose
 
 
 @pytest.fixture
@@ -420,3 +422,74 @@ async def test_a_record_status_write_lands_only_on_the_record_of_its_enrollment(
     assert record["status"] == {"phase": "Enrolled", "clientId": second.client_id}
     assert await daemon.unprepare(ref) == {ref.uid: ""}
     world.assert_clean()
+
+
+async def test_the_journal_entry_is_begun_while_the_claim_is_read(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry needs only the claim's identity: it is on disk before the claim read
+    answers, and nothing is minted before the read."""
+    daemon = await world.start()
+    ref = world.claim("train")
+    kube = daemon.preparer.d.kube
+    read = kube.get_claim
+    answer = asyncio.Event()
+
+    async def held(namespace: str, name: str) -> object:
+        await answer.wait()
+        return await read(namespace, name)
+
+    monkeypatch.setattr(kube, "get_claim", held)
+    call = asyncio.ensure_future(daemon.prepare(ref))
+    await until(lambda: world.open_journal_entries() != [], "an entry during the claim read")
+    assert not call.done()
+    assert world.thunder.state.tokens == {}
+    answer.set()
+    prepared = _prepared((await call)[ref.uid])
+    assert world.live_clients() == [prepared.client_id]
+    assert world.open_journal_entries() == []
+
+
+@pytest.mark.parametrize("failure", ["missing", "unallocated", "unreadable", "unnameable"])
+async def test_a_claim_that_fails_before_its_mint_leaves_no_journal_entry(
+    world: World, failure: str
+) -> None:
+    """The entry begun during the read is closed when the claim fails before its mint:
+    nothing is counted unrevocable, then or at the next start-up."""
+    daemon = await world.start()
+    ref = world.claim("train")
+    if failure == "missing":
+        world.delete_claim(ref)
+    elif failure == "unallocated":
+        del world.claim_object(ref)["status"]["allocation"]
+    elif failure == "unreadable":
+        world.kube.fail("GET", r"/resourceclaims/train$", status=500, times=None)
+    else:  # a UID that cannot name the claim's directory
+        ref = ClaimReference(namespace=ref.namespace, name=ref.name, uid=".hidden")
+        world.claim_object(ref)["metadata"]["uid"] = ref.uid
+    assert isinstance((await daemon.prepare(ref))[ref.uid], str)
+    assert world.open_journal_entries() == []
+    assert world.thunder.state.tokens == {}
+    await daemon.kill()
+    daemon = await world.start()
+    assert (
+        daemon.metrics.registry.get_sample_value(
+            "thunder_dra_daemon_journal_rollbacks_total", {"outcome": "unrevocable"}
+        )
+        == 0.0
+    )
+    await daemon.stop()
+
+
+async def test_a_vm_claims_entry_says_vm_before_its_mint(world: World) -> None:
+    """Begun as a pod's while the claim is read, the entry of a VM's claim says ``vm`` on
+    disk before the mint, so a rollback removes the VM's Secret."""
+    daemon = await world.start(crash=CrashAt("prepare:token-recorded"))
+    ref = world.claim("desk", vm=True)
+    with pytest.raises(Crashed):
+        await daemon.prepare(ref)
+    await daemon.kill()
+    (name,) = world.open_journal_entries()
+    (entry,) = MintJournal((world.root / "state" / "journal" / name).parent).open_entries_sync()
+    assert entry.purpose is MintPurpose.VM
+    assert entry.enrollment_token_id in world.live_tokens()

@@ -7,7 +7,10 @@ The order (docs/daemon.md#preparing-a-claim), every step safe to crash after:
    pod named as KubeVirt names them is read to find out);
 2. for pods, make sure the verified ``libthunder.so`` is in the node cache *before*
    minting, so a bad download never costs an enrollment;
-3. journal the mint, mint a client token (thunder-api.md 2.6), record its ID;
+3. journal the mint (the entry begun while step 1's read is in flight: it needs only the
+   claim's identity; a VM's claim has its purpose changed before the mint, a claim that
+   fails before the mint has it closed), mint a client token (thunder-api.md 2.6), record
+   its ID;
 4. pods: exchange it (thunder-api.md 2.9, hostname = the pod's name); VMs: write the
    ``<claim>-thunder-setup`` Secret instead;
 5. record the ``Client`` (finalizer, provenance, spec with the token and client IDs);
@@ -33,6 +36,7 @@ revoked and the claim enrolled anew, because the client's credential cannot be r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,7 +121,41 @@ class Preparer:
 
     async def prepare(self, ref: ClaimRef) -> tuple[PreparedClaim, JSON]:
         """A fresh claim, end to end (the caller handles claims already checkpointed); with
-        the ResourceClaim as read, for the claim's status write."""
+        the ResourceClaim as read, for the claim's status write.
+
+        The journal entry is begun while the claim is read: it needs only the claim's
+        identity, and has to be on disk before the mint, not before the read. A claim
+        that turns out to be a VM's has its entry's purpose changed before the mint; a
+        claim that fails before the mint has its entry closed (nothing was minted)."""
+        d = self.d
+        begun = asyncio.ensure_future(
+            d.journal.begin(
+                role=MintRole.CLIENT,
+                purpose=MintPurpose.POD,
+                claim_uid=ref.uid,
+                claim_namespace=ref.namespace,
+                claim_name=ref.name,
+            )
+        )
+        try:
+            claim, preload, library, resource_claim = await self._read(ref)
+            entry = await begun
+            d.crash.reached("prepare:journal-begun")
+            if claim.is_vm:
+                entry = await d.journal.record_purpose(entry.entry_id, MintPurpose.VM)
+        except Exception:
+            # An entry that could not be written needs nothing (when the read succeeded,
+            # its error is the claim's); one written is closed, nothing was minted.
+            await asyncio.wait([begun])
+            if not begun.cancelled() and begun.exception() is None:
+                await self._close_unminted(ref.uid, begun.result())
+            raise
+        prepared = await self.enroll(claim, preload=preload, library=library, entry=entry)
+        return prepared, resource_claim
+
+    async def _read(self, ref: ClaimRef) -> tuple[PreparedClaim, bool, Path | None, JSON]:
+        """The claim to enroll (from the ResourceClaim, its pool and its consumer), its
+        ``ldPreload`` option, the library it mounts (None for a VM) and the claim as read."""
         d = self.d
         try:
             resource_claim = await d.kube.get_claim(ref.namespace, ref.name)
@@ -141,8 +179,20 @@ class Preparer:
             gpu_count=len(allocation.devices),
             devices=allocation.devices_for(vm=consumer.kind == "vm"),
         )
-        prepared = await self.enroll(claim, preload=allocation.preload, library=library)
-        return prepared, resource_claim
+        return claim, allocation.preload, library, resource_claim
+
+    async def _close_unminted(self, claim_uid: str, entry: JournalEntry) -> None:
+        """Close the entry of a mint that will not be made."""
+        try:
+            await self.d.journal.close(entry.entry_id)
+        except Exception as err:
+            # Left open, the entry is closed by the next start-up, which reports it as a
+            # mint whose token ID never came back: this line says that nothing was minted.
+            log.warning(
+                "closing the journal entry of a claim that failed before its mint failed; "
+                "nothing was minted",
+                extra={"claim_uid": claim_uid, "entry": entry.entry_id, "error": str(err)},
+            )
 
     async def _consumer(self, ref: ClaimRef, pods: tuple[str, ...]) -> Consumer:
         if not pods:
@@ -174,12 +224,19 @@ class Preparer:
             raise ClaimError(f"Thunder mint failed: {err}", ErrorReason.THUNDER_MINT) from None
 
     async def enroll(
-        self, claim: PreparedClaim, *, preload: bool, library: Path | None
+        self,
+        claim: PreparedClaim,
+        *,
+        preload: bool,
+        library: Path | None,
+        entry: JournalEntry | None = None,
     ) -> PreparedClaim:
         """Enroll ``claim`` (fresh, or again from its checkpoint entry) and commit it.
 
         ``preload`` is the claim's option for its CDI spec; ``library`` the cached
-        ``libthunder.so`` it mounts (pods; None for a VM)."""
+        ``libthunder.so`` it mounts (pods; None for a VM); ``entry`` the claim's journal
+        entry when one is begun already (nothing minted yet, the purpose the claim's),
+        else one is begun here."""
         d = self.d
         files = None
         if not claim.is_vm:
@@ -187,16 +244,18 @@ class Preparer:
             try:
                 files = d.config.claim_layout.files(claim.uid, library)
             except (ClientConfigError, CdiError) as err:
+                if entry is not None:
+                    await self._close_unminted(claim.uid, entry)
                 raise ClaimError(str(err)) from None  # before anything is minted
-        purpose = MintPurpose.VM if claim.is_vm else MintPurpose.POD
-        entry = await d.journal.begin(
-            role=MintRole.CLIENT,
-            purpose=purpose,
-            claim_uid=claim.uid,
-            claim_namespace=claim.namespace,
-            claim_name=claim.name,
-        )
-        d.crash.reached("prepare:journal-begun")
+        if entry is None:
+            entry = await d.journal.begin(
+                role=MintRole.CLIENT,
+                purpose=MintPurpose.VM if claim.is_vm else MintPurpose.POD,
+                claim_uid=claim.uid,
+                claim_namespace=claim.namespace,
+                claim_name=claim.name,
+            )
+            d.crash.reached("prepare:journal-begun")
         attempt = Attempt()
         try:
             prepared = await self._enroll_steps(claim, entry, attempt, preload, files)
@@ -321,13 +380,16 @@ class Preparer:
             # done before the checkpoint commits the claim. A rollback removes a
             # config.json that names another client than the committed one, journaled
             # or not (:meth:`Undo.roll_back`).
+            # The record's request goes out first: the API server's answer is what the
+            # four wait on longest, and the file writes' threads would delay its sending.
+            record = asyncio.ensure_future(d.records.write_client(enrolled))
             await d.crash.together(
                 (
                     d.journal.record_client_id(entry.entry_id, client_id),
                     "prepare:client-id-recorded",
                 ),
                 (write_client_config(files.directory, config), "prepare:config-written"),
-                (d.records.write_client(enrolled), "prepare:client-recorded"),
+                (record, "prepare:client-recorded"),
                 (
                     d.cdi.write_claim(
                         enrolled,

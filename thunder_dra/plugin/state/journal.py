@@ -6,7 +6,9 @@ crashed, would leave an enrollment nobody can revoke. So (thunder-api.md 7.3):
 1. :meth:`MintJournal.begin` durably writes an entry (claim, role, purpose) and only then
    may the caller mint;
 2. :meth:`MintJournal.record_token_id` adds the ``enrollmentTokenId`` of the answer,
-   :meth:`MintJournal.record_client_id` the ``clientId`` after an exchange;
+   :meth:`MintJournal.record_client_id` the ``clientId`` after an exchange
+   (:meth:`MintJournal.record_purpose` changes the purpose of an entry begun before its
+   claim's consumer was known, before the mint);
 3. once the result is recorded on the Client resource and in the checkpoint,
    :meth:`MintJournal.close` deletes the entry;
 4. at start-up :meth:`MintJournal.open_entries` lists what is left, for rollback
@@ -142,6 +144,11 @@ class MintJournal:
         if not enrollment_token_id:
             raise JournalError(f"entry {entry_id}: empty enrollmentTokenId")
         return await self._update(entry_id, enrollment_token_id=enrollment_token_id)
+
+    async def record_purpose(self, entry_id: str, purpose: MintPurpose) -> JournalEntry:
+        """Change the purpose of an open entry before its mint (one begun while the
+        claim's consumer was not known yet); a rollback goes by the purpose on disk."""
+        return await self._update(entry_id, purpose=purpose)
 
     async def record_client_id(self, entry_id: str, client_id: str) -> JournalEntry:
         """Add the client ID an exchange created to an open entry."""
