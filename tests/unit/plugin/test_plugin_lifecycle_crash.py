@@ -89,7 +89,7 @@ async def test_a_restart_after_a_crash_converges_without_a_leak(
 
 
 @pytest.mark.parametrize(
-    "step", ["prepare:token-recorded", "prepare:client-recorded", "prepare:cdi-written"]
+    "step", ["prepare:token-recorded", "prepare:exchanged", "prepare:cdi-written"]
 )
 async def test_a_new_instance_rolls_back_the_dead_instances_journal(
     world: World, step: str
@@ -109,11 +109,11 @@ async def test_a_new_instance_rolls_back_the_dead_instances_journal(
 async def test_a_crash_with_claims_in_flight_rolls_back_only_the_uncommitted(
     world: World,
 ) -> None:
-    """Three claims in one call; the third Client record kills the daemon, so at least
+    """Three claims in one call; the third claim's files kill the daemon, so at least
     that claim never committed. After the restart committed claims keep their enrollment,
     the others are rolled back, and the kubelet's retry prepares all three."""
     refs = [world.claim(f"c{n}") for n in range(3)]
-    daemon = await world.start(crash=CrashAt("prepare:client-recorded", 3))
+    daemon = await world.start(crash=CrashAt("prepare:cdi-written", 3))
     with pytest.raises(Crashed):
         await daemon.prepare(*refs)
     await daemon.kill()
@@ -134,7 +134,7 @@ async def test_a_rollback_thunder_refuses_at_start_up_is_finished_by_the_sweep(
     world: World,
 ) -> None:
     ref = world.claim("train")
-    daemon = await world.start(crash=CrashAt("prepare:client-recorded"))
+    daemon = await world.start(crash=CrashAt("prepare:cdi-written"))
     with pytest.raises(Crashed):
         await daemon.prepare(ref)
     await daemon.kill()

@@ -14,9 +14,16 @@ The order (docs/daemon.md#preparing-a-claim), every step safe to crash after:
 4. pods: exchange it (thunder-api.md 2.9, hostname = the pod's name); VMs: write the
    ``<claim>-thunder-setup`` Secret instead;
 5. record the ``Client`` (finalizer, provenance, spec with the token and client IDs);
-   for pods, the client ID's journal line, the claim's ``config.json`` and its CDI spec
-   are written at the same time (none of the four depends on another);
-6. commit the checkpoint, close the journal entry, answer;
+   its request is sent first, and for pods the client ID's journal line, the claim's
+   ``config.json`` and its CDI spec are written meanwhile (none of the four depends on
+   another);
+6. once the files are written, commit the checkpoint, without waiting for the record's
+   answer; then wait for it, close the journal entry and answer. A record that fails
+   after the commit undoes the commit (the checkpoint file's earlier entry for the claim,
+   or none) and the attempt is rolled back; if that write fails too, the claim stays
+   committed and its next prepare re-creates the record before answering. A crash
+   between the commit and the record's answer leaves a committed claim whose record the
+   start-up repair re-creates;
 7. after the answer, set the ``Client`` status to ``Enrolled``
    (:meth:`thunder_dra.plugin.kubelet.handler.ClaimService`): a record still ``Pending``
    holds everything its revocation needs, and the daemon's start-up repair finishes it.
@@ -104,6 +111,10 @@ class PrepareDeps:
     crash: CrashPoints
     scrubber: SecretScrubber
     abandoned: set[str] = field(default_factory=set)
+    unrecorded: set[str] = field(default_factory=set)
+    """Committed claims whose ``Client`` record may be missing (its create and the undoing
+    of the commit both failed, or a check of the record failed, at start-up say): their
+    next prepare restores the record before it answers."""
 
 
 @dataclass
@@ -370,40 +381,75 @@ class Preparer:
                 "paths": files.paths if files is not None else (),
             }
         )
-        if files is None:
-            await d.records.write_client(enrolled)
-            d.crash.reached("prepare:client-recorded")
-        else:
-            assert client_id is not None
-            # With the token ID journaled, the client ID's journal line, the files and the
-            # record depend on nothing but the exchange's answer: written at once, all
-            # done before the checkpoint commits the claim. A rollback removes a
-            # config.json that names another client than the committed one, journaled
-            # or not (:meth:`Undo.roll_back`).
-            # The record's request goes out first: the API server's answer is what the
-            # four wait on longest, and the file writes' threads would delay its sending.
-            record = asyncio.ensure_future(d.records.write_client(enrolled))
-            await d.crash.together(
-                (
-                    d.journal.record_client_id(entry.entry_id, client_id),
-                    "prepare:client-id-recorded",
-                ),
-                (write_client_config(files.directory, config), "prepare:config-written"),
-                (record, "prepare:client-recorded"),
-                (
-                    d.cdi.write_claim(
-                        enrolled,
-                        config_json=files.config_json,
-                        libthunder=files.library,
-                        preload=preload,
-                    ),
-                    "prepare:cdi-written",
-                ),
-            )
         prepared = enrolled.model_copy(update={"state": ClaimState.PREPARED})
-        await d.checkpoint.put(prepared)
+        # The record's request goes out first: the API server's answer is what the rest
+        # waits on longest, and the file writes' threads would delay its sending.
+        record = asyncio.ensure_future(d.records.write_client(enrolled))
+        try:
+            if files is not None:
+                assert client_id is not None
+                # With the token ID journaled, the client ID's journal line and the files
+                # depend on nothing but the exchange's answer: written at once, all done
+                # before the checkpoint commits the claim. A rollback removes a
+                # config.json that names another client than the committed one,
+                # journaled or not (:meth:`Undo.roll_back`).
+                await d.crash.together(
+                    (
+                        d.journal.record_client_id(entry.entry_id, client_id),
+                        "prepare:client-id-recorded",
+                    ),
+                    (write_client_config(files.directory, config), "prepare:config-written"),
+                    (
+                        d.cdi.write_claim(
+                            enrolled,
+                            config_json=files.config_json,
+                            libthunder=files.library,
+                            preload=preload,
+                        ),
+                        "prepare:cdi-written",
+                    ),
+                )
+            if record.done():
+                record.result()  # failed already: nothing to commit
+            previous = d.checkpoint.durable.claims.get(claim.uid)
+            await d.checkpoint.put(prepared)
+        except Exception:
+            # The record is never abandoned half-way; the rollback removes it. Its own
+            # error, if any, is the same attempt's and is not reported twice.
+            await asyncio.wait([record])
+            if not record.cancelled():
+                record.exception()
+            raise
         d.crash.reached("prepare:checkpoint-committed")
+        await self._recorded(record, prepared, previous)
+        d.crash.reached("prepare:client-recorded")
         return prepared
+
+    async def _recorded(
+        self, record: asyncio.Future[None], prepared: PreparedClaim, previous: PreparedClaim | None
+    ) -> None:
+        """Wait for the claim's ``Client`` record, which the checkpoint commit did not wait
+        for. If its write failed, the commit is undone (``previous``: what the checkpoint
+        file held for the claim before), so the rollback revokes the enrollment; if that
+        write fails too, the claim stays committed and its next prepare re-creates the
+        record before it answers."""
+        try:
+            await record
+        except Exception:
+            d = self.d
+            try:
+                if previous is None:
+                    await d.checkpoint.drop(prepared.uid)
+                else:
+                    await d.checkpoint.put(previous)
+            except Exception as undo_err:
+                d.unrecorded.add(prepared.uid)
+                log.error(
+                    "undoing the commit of a claim whose Client record failed failed; the "
+                    "claim stays prepared and its next prepare re-creates the record",
+                    extra={"claim_uid": prepared.uid, "error": str(undo_err)},
+                )
+            raise
 
     async def _exchange(
         self, claim: PreparedClaim, minted: MintedToken, attempt: Attempt

@@ -45,8 +45,10 @@ class Repairer:
         self.d = preparer.d
 
     async def repair(self, prepared: PreparedClaim, *, record: bool = True) -> PreparedClaim:
-        """Restore what a prepared claim is missing on the node and, with ``record``, its
-        ``Client`` record (else :meth:`restore_record` is the caller's, later)."""
+        """Restore what a prepared claim is missing on the node and, with ``record`` or
+        when its record is not known to exist (``PrepareDeps.unrecorded``: its create
+        failed after the commit, or a check of it failed), its ``Client`` record (else
+        :meth:`restore_record` is the caller's, later)."""
         d = self.d
         if prepared.consumer.kind == "pod":
             layout = d.config.claim_layout
@@ -73,8 +75,16 @@ class Repairer:
                 "without re-preparing the claim",
                 extra={**_fields(prepared), "secret": prepared.secret_name},
             )
-        if record:
-            await self._restore_record(prepared)
+        if record or prepared.uid in d.unrecorded:
+            try:
+                await self._restore_record(prepared)
+            except Exception:
+                # Until a check succeeds, the kubelet's next prepare makes it before its
+                # answer: the record may be missing (a crash between the commit and the
+                # create's answer), and no pod may run on an enrollment without one.
+                d.unrecorded.add(prepared.uid)
+                raise
+            d.unrecorded.discard(prepared.uid)
         return prepared
 
     async def restore_record(self, prepared: PreparedClaim, *, created: bool = False) -> None:

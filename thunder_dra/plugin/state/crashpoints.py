@@ -33,9 +33,9 @@ PREPARE_STEPS = (
     "prepare:client-id-recorded",
     "prepare:config-written",
     "prepare:secret-written",
-    "prepare:client-recorded",
     "prepare:cdi-written",
     "prepare:checkpoint-committed",
+    "prepare:client-recorded",
     "prepare:journal-closed",
 )
 UNPREPARE_STEPS = (
