@@ -172,30 +172,30 @@ def _claimed_pools(
     return pools
 
 
-def _rebuilt_around_held(
+def _rebuilt_around_kept(
     capacities: list[PoolCapacity],
     config: InventoryConfig,
     current: Mapping[str, frozenset[str]],
     allocated: Mapping[str, frozenset[str]],
-    held: frozenset[str],
+    kept: Mapping[str, int],
     zone_names: Sequence[str],
 ) -> InventoryLayout:
-    """The pools built again from what the limits leave once the held pools, which stay
-    as published, are counted against them."""
-    kept_devices = sum(len(current.get(name, ())) for name in held)
+    """The pools built again from what the limits leave once the pools published whatever
+    the answer (`kept`: pool name -> the devices it keeps) are counted against them."""
+    kept_devices = sum(kept.values())
     reserved = replace(
         config,
         max_devices=None
         if config.max_devices is None
         else max(config.max_devices - kept_devices, 0),
-        max_pools=None if config.max_pools is None else max(config.max_pools - len(held), 0),
+        max_pools=None if config.max_pools is None else max(config.max_pools - len(kept), 0),
     )
     return build_pools(
         capacities,
         reserved,
         current_devices=current,
         allocated_devices=allocated,
-        skip_pools=held,
+        skip_pools=frozenset(kept),
         zone_names=zone_names,
     )
 
@@ -249,7 +249,8 @@ def plan_layout(
     answered = {pool.name: pool for pool in pools}
     desired = set(answered)
     # Thunder no longer reports these pools, but claims hold some of their devices.
-    pools.extend(_claimed_pools(samples, allocated, desired, unreadable, config))
+    claimed = _claimed_pools(samples, allocated, desired, unreadable, config)
+    pools.extend(claimed)
     decision = judge(
         [
             PublishedPool(name, bodies.slice_zone(samples[name]) if name in samples else "", len(d))
@@ -263,15 +264,19 @@ def plan_layout(
         streaks=streaks,
     )
     held = decision.held_names
-    # Pools kept as published whatever the answer: the held ones, and those of zones that
-    # could not be read.
-    fixed = held | {
+    # Pools published whatever the answer: the held ones and those of zones that could
+    # not be read, as published, and those kept for their claims, with the claimed devices.
+    # A pool kept for its claims holds its place under the limits while Thunder does not
+    # report it, so no pool is published in its place only to be withdrawn when it is back.
+    as_published = held | {
         name for name, sample in samples.items() if bodies.slice_zone(sample) in unreadable
     }
+    fixed = {name: len(current.get(name, ())) for name in as_published}
+    fixed.update((pool.name, len(pool.devices)) for pool in claimed if pool.name not in held)
     if fixed and (config.max_devices is not None or config.max_pools is not None):
-        # Pools kept as published count against the limits: the others share what is
-        # left (the held set stays as judged, so a repeated answer is stable).
-        rebuilt = _rebuilt_around_held(capacities, config, current, allocated, fixed, listed)
+        # Pools kept count against the limits: the others share what is left (the held
+        # set stays as judged, so a repeated answer is stable).
+        rebuilt = _rebuilt_around_kept(capacities, config, current, allocated, fixed, listed)
         names = {pool.name for pool in rebuilt.pools}
         pools = [
             *rebuilt.pools,
