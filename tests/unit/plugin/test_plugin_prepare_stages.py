@@ -103,47 +103,6 @@ async def test_the_client_id_the_config_the_record_and_the_cdi_spec_are_written_
     await daemon.stop()
 
 
-async def test_a_failed_record_lets_the_files_finish_then_rolls_everything_back(
-    world: World, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    daemon = await world.start()
-    records, cdi = _parts(daemon)
-    written: list[str] = []
-    write_claim = cdi.write_claim
-
-    async def refuse(*args: Any, **kwargs: Any) -> None:
-        await asyncio.sleep(0)
-        raise Unavailable("POST", "/apis/thundercompute.com/v1alpha1/clients", 503, "unavailable")
-
-    async def spec_then_note(*args: Any, **kwargs: Any) -> Path:
-        await asyncio.sleep(0.05)  # finishes well after the record has failed
-        path: Path = await write_claim(*args, **kwargs)
-        written.append(path.name)
-        return path
-
-    monkeypatch.setattr(records, "write_client", refuse)
-    monkeypatch.setattr(cdi, "write_claim", spec_then_note)
-    ref = world.claim("train")
-    error = (await daemon.prepare(ref))[ref.uid]
-    assert isinstance(error, str), error
-    assert "503 unavailable" in error
-    # The spec was written to the end before the rollback, which then removed it.
-    assert written == [f"thundercompute.com-gpu_claim-{ref.uid}.json"]
-    assert world.node_files() == []
-    assert world.live_tokens() == []
-    assert world.leaks() == []
-    assert world.client_records() == []
-    assert world.open_journal_entries() == []
-    assert world.checkpoint_claims() == {}
-
-    monkeypatch.undo()
-    prepared = (await daemon.prepare(ref))[ref.uid]
-    assert isinstance(prepared, PreparedClaim), prepared
-    assert await daemon.unprepare(ref) == {ref.uid: ""}
-    world.assert_clean()
-    await daemon.stop()
-
-
 @pytest.mark.parametrize(
     "step", ["prepare:client-id-recorded", "prepare:config-written", "prepare:cdi-written"]
 )
@@ -209,30 +168,46 @@ async def test_the_checkpoint_commits_while_the_record_is_in_flight(
     await daemon.stop()
 
 
-async def test_a_record_failing_after_the_commit_undoes_it_and_rolls_back(
-    world: World, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("after_the_commit", [False, True], ids=["before", "after"])
+async def test_a_failed_record_lets_the_files_finish_then_rolls_everything_back(
+    world: World, monkeypatch: pytest.MonkeyPatch, after_the_commit: bool
 ) -> None:
+    """The record's create fails before the files are written (nothing is committed) or
+    after the checkpoint committed the claim (the commit is undone): either way the
+    attempt is rolled back whole."""
     daemon = await world.start()
-    records, _ = _parts(daemon)
+    records, cdi = _parts(daemon)
+    written: list[str] = []
     committed: list[str] = []
+    write_claim = cdi.write_claim
     put = daemon.checkpoint.put
+
+    async def spec_then_note(*args: Any, **kwargs: Any) -> Path:
+        await asyncio.sleep(0.05)  # finishes well after a quick refusal
+        path: Path = await write_claim(*args, **kwargs)
+        written.append(path.name)
+        return path
 
     async def noting_put(claim: PreparedClaim) -> None:
         await put(claim)
         committed.append(claim.uid)
 
-    monkeypatch.setattr(records, "write_client", _slow_refusal(0.2))
+    monkeypatch.setattr(records, "write_client", _slow_refusal(0.2 if after_the_commit else 0))
+    monkeypatch.setattr(cdi, "write_claim", spec_then_note)
     monkeypatch.setattr(daemon.checkpoint, "put", noting_put)
     ref = world.claim("train")
     error = (await daemon.prepare(ref))[ref.uid]
     assert isinstance(error, str), error
     assert "503 unavailable" in error
-    assert committed == [ref.uid]  # the record failed after the commit
-    assert world.checkpoint_claims() == {}
+    # The spec was written to the end before the rollback, which then removed it.
+    assert written == [f"thundercompute.com-gpu_claim-{ref.uid}.json"]
+    assert committed == ([ref.uid] if after_the_commit else [])
+    assert world.node_files() == []
     assert world.live_tokens() == []
     assert world.leaks() == []
-    assert world.node_files() == []
+    assert world.client_records() == []
     assert world.open_journal_entries() == []
+    assert world.checkpoint_claims() == {}
 
     monkeypatch.undo()
     prepared = (await daemon.prepare(ref))[ref.uid]
