@@ -139,15 +139,7 @@ class Preparer:
         that turns out to be a VM's has its entry's purpose changed before the mint; a
         claim that fails before the mint has its entry closed (nothing was minted)."""
         d = self.d
-        begun = asyncio.ensure_future(
-            d.journal.begin(
-                role=MintRole.CLIENT,
-                purpose=MintPurpose.POD,
-                claim_uid=ref.uid,
-                claim_namespace=ref.namespace,
-                claim_name=ref.name,
-            )
-        )
+        begun = asyncio.ensure_future(self._begin(ref, MintPurpose.POD))
         try:
             claim, preload, library, resource_claim = await self._read(ref)
             entry = await begun
@@ -191,6 +183,16 @@ class Preparer:
             devices=allocation.devices_for(vm=consumer.kind == "vm"),
         )
         return claim, allocation.preload, library, resource_claim
+
+    async def _begin(self, claim: ClaimRef, purpose: MintPurpose) -> JournalEntry:
+        """Begin the journal entry of a client mint for ``claim``."""
+        return await self.d.journal.begin(
+            role=MintRole.CLIENT,
+            purpose=purpose,
+            claim_uid=claim.uid,
+            claim_namespace=claim.namespace,
+            claim_name=claim.name,
+        )
 
     async def _close_unminted(self, claim_uid: str, entry: JournalEntry) -> None:
         """Close the entry of a mint that will not be made."""
@@ -259,13 +261,7 @@ class Preparer:
                     await self._close_unminted(claim.uid, entry)
                 raise ClaimError(str(err)) from None  # before anything is minted
         if entry is None:
-            entry = await d.journal.begin(
-                role=MintRole.CLIENT,
-                purpose=MintPurpose.VM if claim.is_vm else MintPurpose.POD,
-                claim_uid=claim.uid,
-                claim_namespace=claim.namespace,
-                claim_name=claim.name,
-            )
+            entry = await self._begin(claim, MintPurpose.VM if claim.is_vm else MintPurpose.POD)
             d.crash.reached("prepare:journal-begun")
         attempt = Attempt()
         try:
