@@ -2,7 +2,8 @@
 the node daemon, side by side with the same calls to a minimal Go plugin (the floor).
 
     python -m bench.kubelet_calls [--claims 100] [--in-flight 20] [--rounds 3]
-                                  [--baseline REF] [--thunder-latency-ms N] [--run-ms N]
+                                  [--baseline REF] [--variant NAME]
+                                  [--thunder-latency-ms N] [--run-ms N]
                                   [--write-docs] [--note TEXT]
 
 Set-up (all local, nothing timed) is the daemon benchmark's (bench.daemon_prepare): a local
@@ -39,6 +40,13 @@ as ours is (same flags, environment and interpreter, its own directories and
 ``plugins_registry``), so a before/after comparison comes from one run on the same
 claims; the cases then alternate before, ours and floor.
 
+``--variant NAME`` makes "before" a variant of the daemon instead: the tree of
+``--baseline`` (default ``HEAD``) with ``bench/variants/NAME.patch`` applied, a patch that
+takes some of the daemon's work out of the kubelet's wait (or all of it) to measure what
+that work costs there. The patches are measurements, never the product; each begins with
+what it changes, which the section quotes, and the run writes its own section. A variant
+has no enrolled-before-binding cases.
+
 Last comes "ours, enrolled before binding" (docs/daemon.md, "Enrolling before binding"):
 claims of its own (as many, and two for drabench's warm-up) whose allocation names the
 node in ``nodeSelector`` and asks for ``thundercompute.com/Enrolled`` on each device, as
@@ -65,6 +73,7 @@ run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -105,6 +114,8 @@ _T = TypeVar("_T")
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "hack" / "build-kubeletbench.sh"
+VARIANT_DIR = REPO / "bench" / "variants"
+"""Patches that make variants of the daemon for ``--variant``: a description, then a diff."""
 """Ours over floor, prepare p50, for a claim enrolled before binding."""
 MINT_PATH = "/api/v1/enrollment-tokens"
 """The Thunder call that starts every enrollment (thunder-api.md), in the fake's writes."""
@@ -129,6 +140,37 @@ def resolve_baseline(ref: str) -> Baseline:
     _git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     commit, subject = _git("show", "-s", "--format=%h%n%s", ref).splitlines()[:2]
     return Baseline(commit=commit, subject=subject)
+
+
+def variant_names() -> list[str]:
+    """The variants ``--variant`` can name: the patches in bench/variants."""
+    return sorted(path.stem for path in VARIANT_DIR.glob("*.patch"))
+
+
+def variant_summary(name: str) -> str:
+    """What variant ``name`` changes: its patch's description (the paragraphs before the
+    diff, the first line, which names the file's purpose, left out), as one paragraph."""
+    text = (VARIANT_DIR / f"{name}.patch").read_text()
+    description = text.split("\ndiff --git ", 1)[0].splitlines()[1:]
+    return " ".join(line.strip() for line in description if line.strip())
+
+
+def apply_variant(name: str, tree: Path, commit: str) -> None:
+    """Apply variant ``name``'s patch to ``tree``, the exported tree of ``commit``."""
+    patch = VARIANT_DIR / f"{name}.patch"
+    done = subprocess.run(
+        ["git", "apply", str(patch)],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        # The exported tree is no repository: keep git from finding one above it.
+        env={**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent)},
+    )
+    if done.returncode != 0:
+        raise SystemExit(
+            f"bench/variants/{name}.patch does not apply to {commit}; make it again "
+            f"against that tree:\n{done.stderr.strip()}"
+        )
 
 
 def enrolls_before_binding(source: Path) -> bool:
@@ -527,9 +569,12 @@ def run_cases(
         binders: list[tuple[str, Path, Path]] = []
         if baseline is not None:
             source = export_tree(baseline.commit, workdir / "before-source")
+            if baseline.variant:
+                apply_variant(baseline.variant, source, baseline.commit)
             before = env.spawn_daemon(env.root / BEFORE, source=source)
             plugins[BEFORE] = (env.root / BEFORE / "plugins_registry", before.pid)
-            if enrolls_before_binding(source):
+            # A variant answers without the work enrolling before binding waits for.
+            if enrolls_before_binding(source) and not baseline.variant:
                 binders.append((BEFORE_BINDING, env.root / BEFORE, source))
         binders.append((OURS_BINDING, env.root, REPO))
         plugins[OURS] = (env.root / "plugins_registry", env.start_daemon())
@@ -624,6 +669,12 @@ def main(argv: list[str] | None = None) -> int:
         help='a git ref whose daemon runs beside ours as "before", in the same run',
     )
     parser.add_argument(
+        "--variant",
+        choices=variant_names(),
+        help='run as "before" the tree of --baseline (default HEAD) with '
+        "bench/variants/VARIANT.patch applied (own section)",
+    )
+    parser.add_argument(
         "--thunder-latency-ms",
         type=int,
         default=0,
@@ -652,7 +703,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--run-ms must be within 0-60000")
     if not 1 <= args.rounds <= 20:
         parser.error("--rounds must be within 1-20")
-    baseline = resolve_baseline(args.baseline) if args.baseline else None
+    baseline = None
+    if args.variant:
+        baseline = dataclasses.replace(
+            resolve_baseline(args.baseline or "HEAD"),
+            variant=args.variant,
+            variant_summary=variant_summary(args.variant),
+        )
+    elif args.baseline:
+        baseline = resolve_baseline(args.baseline)
     bin_dir = build()
     started = datetime.now(UTC)
     with (
@@ -672,6 +731,8 @@ def main(argv: list[str] | None = None) -> int:
     command = command_line("bench.kubelet_calls", args, ["claims", "in_flight", "rounds"])
     if baseline is not None:
         command += f" --baseline {baseline.commit}"
+    if args.variant:
+        command += f" --variant {args.variant}"
     if args.thunder_latency_ms:
         command += f" --thunder-latency-ms {args.thunder_latency_ms}"
     if args.run_ms:
@@ -687,7 +748,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(section)
     if args.write_docs:
-        write_docs(section, thunder_latency_ms=args.thunder_latency_ms, run_ms=args.run_ms)
+        write_docs(
+            section,
+            thunder_latency_ms=args.thunder_latency_ms,
+            run_ms=args.run_ms,
+            variant=args.variant or "",
+        )
     return 0
 
 

@@ -200,6 +200,11 @@ class Baseline:
     commit: str
     """Its short hash."""
     subject: str
+    variant: str = ""
+    """With a name, "before" is the commit's tree with ``bench/variants/<name>.patch``
+    applied: a variant of the daemon made to measure what its work costs."""
+    variant_summary: str = ""
+    """What the variant changes, from its patch's description."""
 
 
 def ratio(ours: float, floor: float) -> float:
@@ -261,10 +266,12 @@ def _latency_header(compared: Sequence[str]) -> list[str]:
     ]
 
 
-def heading(thunder_latency_ms: int = 0, run_ms: int = 0) -> str:
-    """The section's heading: its own for a run with Thunder answering late, and for one
-    whose pods run between their two calls."""
+def heading(thunder_latency_ms: int = 0, run_ms: int = 0, variant: str = "") -> str:
+    """The section's heading: its own for a run with Thunder answering late, for one
+    whose pods run between their two calls, and for one beside a variant of the daemon."""
     title = HEADING
+    if variant:
+        title += f", variant {variant}"
     if thunder_latency_ms:
         title += f", Thunder {thunder_latency_ms} ms away"
     if run_ms:
@@ -406,12 +413,19 @@ def render(
             else "."
         )
     )
-    before_text = (
-        f'"before" is the daemon of commit `{baseline.commit}` ("{baseline.subject}"), its '
-        "tree exported from git and started as ours is, with its own directories. "
-        if baseline
-        else ""
-    )
+    before_text = ""
+    if baseline and baseline.variant:
+        before_text = (
+            f'"before" is not an earlier daemon but a variant of this one: the tree of commit '
+            f'`{baseline.commit}` ("{baseline.subject}") with '
+            f"`bench/variants/{baseline.variant}.patch` applied, exported from git and "
+            f"started as ours is, with its own directories. {baseline.variant_summary} "
+        )
+    elif baseline:
+        before_text = (
+            f'"before" is the daemon of commit `{baseline.commit}` ("{baseline.subject}"), '
+            "its tree exported from git and started as ours is, with its own directories. "
+        )
     binding_text: list[str] = []
     if binding_flights:
         first = _case(cases, OURS_BINDING, binding_flights[0])
@@ -481,7 +495,7 @@ def render(
     )
     return "\n".join(
         [
-            heading(thunder_latency_ms, run_ms),
+            heading(thunder_latency_ms, run_ms, baseline.variant if baseline else ""),
             "",
             f"Command: `{command}` ({machine.started}; {machine.arch}, {machine.cpus} CPUs "
             f"({machine.cpu_model}) shared by the control plane, the fake Thunder service, "
@@ -546,11 +560,15 @@ def render(
 
 
 def write_docs(
-    section: str, path: Path = DOC, thunder_latency_ms: int = 0, run_ms: int = 0
+    section: str,
+    path: Path = DOC,
+    thunder_latency_ms: int = 0,
+    run_ms: int = 0,
+    variant: str = "",
 ) -> None:
     """Replace the "Kubelet calls" section of docs/benchmarks.md (new: after "Daemon"),
-    or, for a run with Thunder answering late or pods running, its own section (new:
-    after that one)."""
-    after = HEADING if thunder_latency_ms or run_ms else "## Daemon"
-    title = heading(thunder_latency_ms, run_ms)
+    or, for a run with Thunder answering late, pods running or beside a variant of the
+    daemon, its own section (new: after that one)."""
+    after = HEADING if thunder_latency_ms or run_ms or variant else "## Daemon"
+    title = heading(thunder_latency_ms, run_ms, variant)
     replace_section(path, title, section, intro=INTRO, after=after)

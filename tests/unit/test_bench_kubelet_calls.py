@@ -10,6 +10,8 @@ fields the API server dropped and one the daemon has enrolled."""
 from __future__ import annotations
 
 import dataclasses
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +19,17 @@ import pytest
 
 from bench.docsection import INTRO
 from bench.kubelet_calls import (
+    REPO,
+    VARIANT_DIR,
     api_request_counts,
+    apply_variant,
     binding_allocation,
     dropped_binding_fields,
     enrollment,
     in_turns,
     turned,
+    variant_names,
+    variant_summary,
 )
 from bench.kubelet_report import (
     BEFORE,
@@ -199,6 +206,77 @@ def test_a_variant_run_has_its_own_section_after_the_loopback_one(
     assert "`first`" not in text
     loopback, own, operator = (text.index(h) for h in ("## Kubelet calls\n", title, "## Operator"))
     assert loopback < text.index("`loopback`") < own < operator
+
+
+DAEMON_VARIANT = dataclasses.replace(
+    BASELINE, variant="answers-early", variant_summary="It answers before its work is done."
+)
+
+
+def test_a_run_beside_a_variant_of_the_daemon_has_its_own_section_naming_the_patch(
+    tmp_path: Path,
+) -> None:
+    title = "## Kubelet calls, variant answers-early"
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(INTRO + "\n## Daemon\n\ndaemon figures\n\n## Operator\n\noperator figures\n")
+    write_docs(render(_cases(), MACHINE, "loopback"), doc)
+    first = render(_with_before(), MACHINE, "first", baseline=DAEMON_VARIANT)
+    assert first.startswith(title + "\n")
+    assert (
+        '"before" is not an earlier daemon but a variant of this one: the tree of commit '
+        '`abc1234` ("Prepare: fewer API calls") with `bench/variants/answers-early.patch` '
+        "applied, exported from git and started as ours is, with its own directories. "
+        "It answers before its work is done."
+    ) in first
+    assert "is the daemon of commit" not in first
+    write_docs(first, doc, variant="answers-early")
+    again = render(_with_before(), MACHINE, "again", baseline=DAEMON_VARIANT)
+    write_docs(again, doc, variant="answers-early")
+    text = doc.read_text()
+    assert text.count(title) == 1
+    assert "`again`" in text
+    assert "`first`" not in text
+    loopback, own, operator = (text.index(h) for h in ("## Kubelet calls\n", title, "## Operator"))
+    assert loopback < text.index("`loopback`") < own < operator
+
+
+def _touched(name: str) -> list[str]:
+    """The files variant ``name``'s patch changes, relative to the repository."""
+    text = (VARIANT_DIR / f"{name}.patch").read_text()
+    return re.findall(r"^diff --git a/(\S+) b/", text, flags=re.MULTILINE)
+
+
+@pytest.mark.parametrize("name", variant_names())
+def test_every_daemon_variant_applies_to_this_tree_and_says_what_it_changes(
+    tmp_path: Path, name: str
+) -> None:
+    # A patch that no longer applies fails here, not in the middle of a benchmark run.
+    touched = _touched(name)
+    assert touched
+    tree = tmp_path / "tree"
+    for path in touched:
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / path, tree / path)
+    apply_variant(name, tree, "HEAD")
+    for path in touched:
+        changed = (tree / path).read_text()
+        assert changed != (REPO / path).read_text()
+        assert f"variant {name}:" in changed.lower()
+    summary = variant_summary(name)
+    assert "\n" not in summary
+    assert "A measurement, never a product" in summary
+    assert "diff --git" not in summary
+
+
+def test_a_variant_that_no_longer_applies_names_its_patch_and_the_commit(tmp_path: Path) -> None:
+    name = variant_names()[0]
+    tree = tmp_path / "tree"
+    for path in _touched(name):
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path).write_text("rewritten since the patch was made\n")
+    rotten = rf"bench/variants/{name}\.patch does not apply to abc1234"
+    with pytest.raises(SystemExit, match=rotten):
+        apply_variant(name, tree, "abc1234")
 
 
 def test_the_kubernetes_version_is_the_go_modules() -> None:
