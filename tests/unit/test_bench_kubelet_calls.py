@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,67 +172,56 @@ def test_the_section_goes_after_the_daemons_and_replaces_itself(tmp_path: Path) 
     assert text.endswith("operator figures\n")
 
 
-VARIANTS = [
-    (
-        (20, 0),
-        "## Kubelet calls, Thunder 20 ms away",
-        "answered 20 ms late (a latency fault on every `/api/v1/` path)",
-    ),
-    (
-        (0, 100),
-        "## Kubelet calls, pods running 100 ms",
-        "Each pod runs 100 ms between its prepare and its unprepare",
-    ),
-]
-
-
-@pytest.mark.parametrize(("variant", "title", "phrase"), VARIANTS)
-def test_a_variant_run_has_its_own_section_after_the_loopback_one(
-    tmp_path: Path, variant: tuple[int, int], title: str, phrase: str
-) -> None:
-    latency, run = variant
-    doc = tmp_path / "benchmarks.md"
-    doc.write_text(INTRO + "\n## Daemon\n\ndaemon figures\n\n## Operator\n\noperator figures\n")
-    write_docs(render(_cases(), MACHINE, "loopback"), doc)
-    first = render(_cases(), MACHINE, "first", thunder_latency_ms=latency, run_ms=run)
-    assert first.startswith(title + "\n")
-    assert phrase in first
-    assert phrase not in render(_cases(), MACHINE, "loopback")
-    write_docs(first, doc, thunder_latency_ms=latency, run_ms=run)
-    again = render(_cases(), MACHINE, "again", thunder_latency_ms=latency, run_ms=run)
-    write_docs(again, doc, thunder_latency_ms=latency, run_ms=run)
-    text = doc.read_text()
-    assert text.count(title) == 1
-    assert "`again`" in text
-    assert "`first`" not in text
-    loopback, own, operator = (text.index(h) for h in ("## Kubelet calls\n", title, "## Operator"))
-    assert loopback < text.index("`loopback`") < own < operator
-
-
 DAEMON_VARIANT = dataclasses.replace(
     BASELINE, variant="answers-early", variant_summary="It answers before its work is done."
 )
 
-
-def test_a_run_beside_a_variant_of_the_daemon_has_its_own_section_naming_the_patch(
-    tmp_path: Path,
-) -> None:
-    title = "## Kubelet calls, variant answers-early"
-    doc = tmp_path / "benchmarks.md"
-    doc.write_text(INTRO + "\n## Daemon\n\ndaemon figures\n\n## Operator\n\noperator figures\n")
-    write_docs(render(_cases(), MACHINE, "loopback"), doc)
-    first = render(_with_before(), MACHINE, "first", baseline=DAEMON_VARIANT)
-    assert first.startswith(title + "\n")
-    assert (
+OWN_SECTIONS = [
+    (
+        _cases,
+        {"thunder_latency_ms": 20},
+        {"thunder_latency_ms": 20},
+        "## Kubelet calls, Thunder 20 ms away",
+        "answered 20 ms late (a latency fault on every `/api/v1/` path)",
+    ),
+    (
+        _cases,
+        {"run_ms": 100},
+        {"run_ms": 100},
+        "## Kubelet calls, pods running 100 ms",
+        "Each pod runs 100 ms between its prepare and its unprepare",
+    ),
+    (
+        _with_before,
+        {"baseline": DAEMON_VARIANT},
+        {"variant": "answers-early"},
+        "## Kubelet calls, variant answers-early",
         '"before" is not an earlier daemon but a variant of this one: the tree of commit '
         '`abc1234` ("Prepare: fewer API calls") with `bench/variants/answers-early.patch` '
         "applied, exported from git and started as ours is, with its own directories. "
-        "It answers before its work is done."
-    ) in first
-    assert "is the daemon of commit" not in first
-    write_docs(first, doc, variant="answers-early")
-    again = render(_with_before(), MACHINE, "again", baseline=DAEMON_VARIANT)
-    write_docs(again, doc, variant="answers-early")
+        "It answers before its work is done.",
+    ),
+]
+
+
+@pytest.mark.parametrize(("cases", "rendered", "written", "title", "phrase"), OWN_SECTIONS)
+def test_a_run_with_thunder_late_pods_running_or_a_daemon_variant_has_its_own_section(
+    tmp_path: Path,
+    cases: Callable[[], list[Case]],
+    rendered: dict[str, Any],
+    written: dict[str, Any],
+    title: str,
+    phrase: str,
+) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(INTRO + "\n## Daemon\n\ndaemon figures\n\n## Operator\n\noperator figures\n")
+    write_docs(render(_cases(), MACHINE, "loopback"), doc)
+    first = render(cases(), MACHINE, "first", **rendered)
+    assert first.startswith(title + "\n")
+    assert phrase in first
+    assert phrase not in render(_cases(), MACHINE, "loopback")
+    write_docs(first, doc, **written)
+    write_docs(render(cases(), MACHINE, "again", **rendered), doc, **written)
     text = doc.read_text()
     assert text.count(title) == 1
     assert "`again`" in text
