@@ -116,7 +116,6 @@ REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "hack" / "build-kubeletbench.sh"
 VARIANT_DIR = REPO / "bench" / "variants"
 """Patches that make variants of the daemon for ``--variant``: a description, then a diff."""
-"""Ours over floor, prepare p50, for a claim enrolled before binding."""
 MINT_PATH = "/api/v1/enrollment-tokens"
 """The Thunder call that starts every enrollment (thunder-api.md), in the fake's writes."""
 WARMUP = 2
